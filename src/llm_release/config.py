@@ -1,0 +1,128 @@
+"""Typed, strict configuration for a release. Unknown keys are errors, not silently ignored."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceConfig(StrictModel):
+    """Where the model comes from. ``endpoint`` points at a Hub-compatible server."""
+
+    hub: Literal["huggingface"] = "huggingface"
+    repo_id: str = Field(description="Repository id on the hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+    revision: str = Field("main", description="Branch, tag or commit; resolved to a commit first")
+    endpoint: str | None = Field(None, description="Hub endpoint (HF_ENDPOINT); None uses the env")
+    allow_patterns: list[str] | None = None
+
+    @field_validator("repo_id")
+    @classmethod
+    def _repo_id_shape(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value):
+            raise ValueError(
+                f"repo_id {value!r} is not of the form 'owner/name' (letters, digits, '.', '_', '-')"
+            )
+        return value
+
+
+Scheme = Literal["FP8_DYNAMIC", "W4A16_AWQ"]
+
+
+class CandidateConfig(StrictModel):
+    """A quantized candidate built from the baseline with llm-compressor."""
+
+    name: str
+    scheme: Scheme
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    group_size: int = Field(64, description="W4A16 group size; the layer widths must divide by it")
+    calibration_set: str = Field("manufacturing_maintenance", description="file in calibration/")
+    num_calibration_samples: int = Field(64, ge=1)
+    max_seq_length: int = Field(256, ge=16)
+
+    @field_validator("name")
+    @classmethod
+    def _name_shape(cls, value: str) -> str:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", value):
+            raise ValueError(f"candidate name {value!r}: use lower-case letters, digits, '-', '_'")
+        return value
+
+
+class ServingConfig(StrictModel):
+    """The vLLM arguments operators tune; the same for every candidate of a release."""
+
+    max_model_len: int = Field(2048, ge=64)
+    max_num_seqs: int = Field(16, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (GiB) on CPU")
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    extra_args: list[str] = Field(default_factory=list, description="passed to vLLM verbatim")
+    startup_timeout_s: float = Field(900, gt=0)
+
+
+class EvalConfig(StrictModel):
+    eval_sets: list[str] = Field(default_factory=lambda: ["manufacturing_kb"])
+    num_concurrent: int = Field(4, ge=1)
+    limit: int | None = Field(None, ge=1, description="evaluate only the first N items")
+
+
+class LoadProfile(StrictModel):
+    """GuideLLM sweep. CPU-sized by default; use [10, 50, 100] on a GPU host."""
+
+    concurrencies: list[int] = Field(default_factory=lambda: [1, 4])
+    requests_per_level: int = Field(8, ge=1)
+    prompt_tokens: int = Field(128, ge=1)
+    output_tokens: int = Field(32, ge=1)
+    max_seconds_per_level: float = Field(300, gt=0)
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if not value or any(c < 1 for c in value):
+            raise ValueError("concurrencies must be a non-empty list of positive integers")
+        return sorted(set(value))
+
+
+class Gates(StrictModel):
+    """A candidate must pass every gate to be eligible for traffic."""
+
+    max_quality_drop: float = Field(
+        0.05, ge=0, le=1, description="largest allowed drop of each eval score versus the baseline"
+    )
+    ttft_p95_slo_s: float = Field(3.0, gt=0, description="TTFT p95 at every load level")
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+
+
+class ReleaseConfig(StrictModel):
+    source: SourceConfig
+    candidates: list[CandidateConfig] = Field(
+        default_factory=lambda: [
+            CandidateConfig(name="fp8-dynamic", scheme="FP8_DYNAMIC"),
+            CandidateConfig(name="w4a16-awq", scheme="W4A16_AWQ"),
+        ]
+    )
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    evaluation: EvalConfig = Field(default_factory=EvalConfig)
+    load: LoadProfile = Field(default_factory=LoadProfile)
+    gates: Gates = Field(default_factory=Gates)
+    canary_weight: int = Field(5, ge=1, le=50, description="percent of traffic to the canary")
+
+    @model_validator(mode="after")
+    def _unique_candidates(self) -> ReleaseConfig:
+        names = [c.name for c in self.candidates]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"candidate names must be unique; repeated: {dupes}")
+        if BASELINE in names:
+            raise ValueError(f"'{BASELINE}' is reserved for the unquantized model")
+        return self
+
+
+BASELINE = "baseline"

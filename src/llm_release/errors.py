@@ -1,0 +1,64 @@
+"""One exception hierarchy; every message says what went wrong and how to fix it."""
+
+from __future__ import annotations
+
+
+class ReleaseError(Exception):
+    """Base class of every error the pipeline raises on purpose."""
+
+    hint: str = ""
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        if hint is not None:
+            self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  how to fix: {self.hint}" if self.hint else self.message
+
+
+class ConfigError(ReleaseError):
+    """Invalid configuration or parameters, detected before any expensive work."""
+
+
+class AcquireError(ReleaseError):
+    """The model could not be downloaded or its bytes do not match the hub."""
+
+
+class IntegrityError(AcquireError):
+    """A file's hash or size differs from what the hub published."""
+
+
+class QuantizeError(ReleaseError):
+    """llm-compressor failed or produced an artifact that breaks the contract."""
+
+
+class ServeError(ReleaseError):
+    """A vLLM server did not become healthy; carries the log tail and a likely cause."""
+
+    def __init__(self, message: str, *, log_tail: str = "", hint: str | None = None) -> None:
+        self.log_tail = log_tail
+        super().__init__(message, hint=hint)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.log_tail:
+            text += "\n  --- server log tail ---\n" + self.log_tail
+        return text
+
+
+class EvalError(ReleaseError):
+    """The evaluation harness failed or an eval set is invalid."""
+
+
+class LoadTestError(ReleaseError):
+    """The load generator failed or produced no usable measurement."""
+
+
+class RouterError(ReleaseError):
+    """HAProxy could not be started, configured or reached."""
+
+
+class StateError(ReleaseError):
+    """The release state is missing or inconsistent with the request."""

@@ -1,0 +1,78 @@
+"""Typed results passed between stages and written into the run folder."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MetricScore(Record):
+    value: float
+    stderr: float | None = None
+    higher_is_better: bool = True
+
+
+class EvalResult(Record):
+    eval_set: str
+    num_items: int
+    metrics: dict[str, MetricScore]
+    decoding: dict[str, object] = Field(default_factory=dict)
+    samples_path: str | None = None
+
+
+class LoadLevel(Record):
+    concurrency: int
+    requests: int
+    errors: int
+    error_rate: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    itl_p50_ms: float
+    itl_p95_ms: float
+    output_tokens_per_s: float
+    requests_per_s: float
+
+
+class LoadResult(Record):
+    levels: list[LoadLevel]
+    report_path: str | None = None
+
+
+class CandidateResult(Record):
+    name: str
+    scheme: str
+    model_dir: str | None = None
+    size_bytes: int | None = None
+    status: Literal["measured", "failed"]
+    error: str | None = None
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    evals: list[EvalResult] = Field(default_factory=list)
+    load: LoadResult | None = None
+
+
+class GateVerdict(Record):
+    gate: str
+    passed: bool
+    value: float | None
+    threshold: float | None
+    detail: str
+
+
+class CandidateVerdict(Record):
+    name: str
+    eligible: bool
+    gates: list[GateVerdict]
+    rank_key: float | None = None
+
+
+class Decision(Record):
+    winner: str | None
+    stable: str
+    rule: str
+    verdicts: list[CandidateVerdict]
+    summary: str

@@ -1,0 +1,231 @@
+"""Run one vLLM OpenAI-compatible server per candidate, in the serving virtualenv."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from . import paths
+from .config import ServingConfig
+from .errors import ConfigError, ServeError
+
+LOG_TAIL_LINES = 40
+
+# (pattern in the server log, what it most likely means)
+LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(?i)out of memory|CUDA error: out of memory|Cannot allocate memory"),
+     "out of memory: lower max-model-len / max-num-seqs, or the KV-cache size"),
+    (re.compile(r"(?i)No available memory for the cache blocks|KV cache.*(insufficient|larger)"
+                r"|is larger than the maximum number of tokens that can be stored"),
+     "KV cache too small for max-model-len: raise the KV-cache size or lower max-model-len"),
+    (re.compile(r"(?i)error: unrecognized arguments|error: argument|invalid choice|"
+                r"invalid (int|float) value"),
+     "bad vLLM arguments: check serving.extra_args and the other serving settings"),
+    (re.compile(r"(?i)Address already in use"), "the port is taken: pick another port"),
+    (re.compile(r"(?i)No such file or directory.*config\.json|does not appear to have a file"),
+     "the model directory is incomplete: re-run acquire/quantize"),
+]
+
+
+def likely_cause(log_text: str) -> str:
+    for pattern, cause in LIKELY_CAUSES:
+        if pattern.search(log_text):
+            return cause
+    return "see the log tail below"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+def build_command(python: Path, model_dir: Path, port: int, served_names: list[str],
+                  serving: ServingConfig, *, cuda: bool) -> list[str]:
+    cmd = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--served-model-name", *served_names,
+        "--max-model-len", str(serving.max_model_len),
+        "--max-num-seqs", str(serving.max_num_seqs),
+        "--dtype", serving.dtype,
+        "--enable-prefix-caching" if serving.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+    ]
+    if serving.enforce_eager:
+        cmd.append("--enforce-eager")
+    if cuda:
+        cmd += ["--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
+    cmd += serving.extra_args
+    return cmd
+
+
+@dataclass
+class Endpoint:
+    base_url: str
+    served_name: str
+    metrics_url: str
+    port: int
+    pid: int
+    log_path: str
+
+
+class VllmServer:
+    """A vLLM process. Use as a context manager so it is torn down on every exit path."""
+
+    def __init__(self, model_dir: Path, served_names: list[str], serving: ServingConfig,
+                 log_path: Path, *, port: int | None = None) -> None:
+        if not served_names:
+            raise ConfigError("a vLLM server needs at least one served model name")
+        self.model_dir = Path(model_dir)
+        self.served_names = served_names
+        self.serving = serving
+        self.log_path = Path(log_path)
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def endpoint(self) -> Endpoint:
+        assert self.process is not None
+        return Endpoint(
+            base_url=self.base_url, served_name=self.served_names[0],
+            metrics_url=f"{self.base_url}/metrics", port=self.port, pid=self.process.pid,
+            log_path=str(self.log_path),
+        )
+
+    def start(self) -> Endpoint:
+        python = paths.vllm_python()
+        if not python.exists():
+            raise ServeError(
+                f"the serving virtualenv's python {python} does not exist",
+                hint="run 'make setup' to create .venv-vllm, or set LLM_RELEASE_VLLM_PYTHON",
+            )
+        if not (self.model_dir / "config.json").exists():
+            raise ServeError(f"{self.model_dir} has no config.json", hint="re-run the acquire stage")
+        cmd = build_command(python, self.model_dir, self.port, self.served_names, self.serving,
+                            cuda=has_cuda())
+        env = dict(os.environ)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.serving.cpu_kvcache_space_gib)
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        env["HF_HUB_OFFLINE"] = "1"
+        # Secrets of the pipeline have no business in a model server's environment.
+        for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PREFECT_API_KEY"):
+            env.pop(key, None)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(cmd)}\n".encode())
+            log.flush()
+            # Own session: the whole process tree can be signalled, and it outlives the
+            # caller when a release keeps it running behind the router.
+            self.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        return self.endpoint()
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def wait_healthy(self, timeout_s: float | None = None) -> Endpoint:
+        assert self.process is not None, "start() first"
+        timeout_s = timeout_s if timeout_s is not None else self.serving.startup_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                tail = self.log_tail()
+                raise ServeError(
+                    f"vLLM for {self.served_names[-1]} exited with code {code} before it was "
+                    f"healthy; likely cause: {likely_cause(tail)}",
+                    log_tail=tail,
+                )
+            try:
+                if requests.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return self.endpoint()
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        tail = self.log_tail()
+        self.stop()
+        raise ServeError(
+            f"vLLM for {self.served_names[-1]} was not healthy after {timeout_s:.0f}s; "
+            f"likely cause: {likely_cause(tail)}",
+            log_tail=tail,
+            hint="raise serving.startup_timeout_s if the machine is slow (first start compiles)",
+        )
+
+    def stop(self, grace_s: float = 20) -> None:
+        if self.process is None:
+            return
+        stop_process_group(self.process.pid, grace_s)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def stop_process_group(pid: int, grace_s: float = 20) -> bool:
+    """SIGTERM the process group led by ``pid``, SIGKILL it after ``grace_s``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def start_detached(model_dir: Path, served_names: list[str], serving: ServingConfig,
+                   log_path: Path, *, port: int | None = None) -> Endpoint:
+    """Start a server that outlives this process (stable/canary behind the router)."""
+    server = VllmServer(model_dir, served_names, serving, log_path, port=port)
+    server.start()
+    try:
+        return server.wait_healthy()
+    except BaseException:
+        server.stop()
+        raise
