@@ -72,7 +72,7 @@ class CandidateVerdict(Record):
 
 class Decision(Record):
     winner: str | None
-    stable: str
+    stable: str | None
     rule: str
     verdicts: list[CandidateVerdict]
     summary: str

@@ -90,7 +90,7 @@ def _load_gates(result: CandidateResult, gates: Gates) -> list[GateVerdict]:
     ]
 
 
-def decide(results: list[CandidateResult], gates: Gates, stable: str = BASELINE) -> Decision:
+def decide(results: list[CandidateResult], gates: Gates, stable: str | None = BASELINE) -> Decision:
     baseline = next((r for r in results if r.name == BASELINE), None)
     verdicts = [judge(r, baseline, gates) for r in results]
     sizes = {r.name: r.size_bytes or 0 for r in results}

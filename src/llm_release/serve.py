@@ -207,6 +207,7 @@ def stop_process_group(pid: int, grace_s: float = 20) -> bool:
         return False
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        _reap(pid)
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
@@ -217,6 +218,14 @@ def stop_process_group(pid: int, grace_s: float = 20) -> bool:
     except ProcessLookupError:
         pass
     return True
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid`` if it is our exited child, so a zombie does not look alive."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
 
 
 def start_detached(model_dir: Path, served_names: list[str], serving: ServingConfig,

@@ -1,0 +1,1 @@
+"""Prefect flows: they only sequence the tasks in ``tasks/``."""

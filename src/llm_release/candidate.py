@@ -1,0 +1,51 @@
+"""Measure one candidate: serve it, evaluate it, load-test it, tear it down."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from .config import EvalConfig, LoadProfile, ServingConfig
+from .evaluate import run_evaluation
+from .loadtest import run_load_test
+from .quantize import dir_size
+from .results import CandidateResult
+from .serve import VllmServer
+
+log = logging.getLogger(__name__)
+
+
+def measure(*, name: str, scheme: str, model_dir: Path, tokenizer_dir: Path,
+            serving: ServingConfig, evaluation: EvalConfig, load: LoadProfile,
+            out_dir: Path, public_name: str) -> CandidateResult:
+    """Never raises for a candidate's own failure: it is recorded, and the others go on."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seconds: dict[str, float] = {}
+    result = CandidateResult(name=name, scheme=scheme, model_dir=str(model_dir),
+                             size_bytes=dir_size(model_dir), status="failed")
+    started = time.monotonic()
+    server = VllmServer(model_dir, [name, public_name], serving, out_dir / "vllm.log")
+    try:
+        with server:
+            seconds["serve_start"] = time.monotonic() - started
+            log.info("%s: healthy at %s after %.0fs", name, server.base_url, seconds["serve_start"])
+            mark = time.monotonic()
+            result.evals = run_evaluation(
+                server.base_url, name, evaluation.eval_sets, out_dir / "eval",
+                num_concurrent=evaluation.num_concurrent, limit=evaluation.limit,
+            )
+            seconds["evaluate"] = time.monotonic() - mark
+            log.info("%s: evaluated in %.0fs", name, seconds["evaluate"])
+            mark = time.monotonic()
+            result.load = run_load_test(server.base_url, name, tokenizer_dir, load, out_dir / "load")
+            seconds["loadtest"] = time.monotonic() - mark
+            log.info("%s: load-tested in %.0fs", name, seconds["loadtest"])
+            mark = time.monotonic()
+        seconds["teardown"] = time.monotonic() - mark
+        result.status = "measured"
+    except Exception as exc:  # noqa: BLE001 - one candidate's failure must not stop the others
+        log.error("%s failed: %s", name, exc)
+        result.error = f"{type(exc).__name__}: {exc}"
+    result.stage_seconds = {k: round(v, 2) for k, v in seconds.items()}
+    return result

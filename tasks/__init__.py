@@ -1,0 +1,1 @@
+"""Thin Prefect tasks around the core stages in llm_release (retries, logging, artifacts)."""
