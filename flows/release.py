@@ -55,7 +55,11 @@ def release(
     logger = get_run_logger()
     config = ReleaseConfig(
         source=SourceConfig(repo_id=repo_id, revision=revision, endpoint=hub_endpoint),
-        candidates=candidates, serving=serving, evaluation=evaluation, load=load, gates=gates,
+        candidates=candidates,
+        serving=serving,
+        evaluation=evaluation,
+        load=load,
+        gates=gates,
         canary_weight=canary_weight,
     )
     router_port = router_port or default_router_port()
@@ -77,20 +81,41 @@ def release(
 
     public_name = config.source.repo_id.split("/")[-1]
     schemes = {BASELINE: "bf16 (unquantized)"} | {c.name: c.scheme for c in config.candidates}
+    serving_for = {BASELINE: config.serving} | {
+        c.name: config.serving.model_copy(
+            update={"extra_args": config.serving.extra_args + c.extra_serving_args}
+        )
+        for c in config.candidates
+    }
     dirs: dict[str, Path] = {BASELINE: acquired.model_dir}
     results: list[CandidateResult] = []
     for name, outcome in built.items():
         if isinstance(outcome, Quantized):
             dirs[name] = outcome.model_dir
         else:
-            results.append(CandidateResult(name=name, scheme=schemes[name], status="failed",
-                                           error=f"quantization failed: {outcome}"))
+            results.append(
+                CandidateResult(
+                    name=name,
+                    scheme=schemes[name],
+                    status="failed",
+                    error=f"quantization failed: {outcome}",
+                )
+            )
     mark = time.monotonic()
     for name, model_dir in dirs.items():
-        results.append(measure_candidate(
-            name, schemes[name], model_dir, acquired.model_dir, config.serving,
-            config.evaluation, config.load, run_dir / "candidates" / name, public_name,
-        ))
+        results.append(
+            measure_candidate(
+                name,
+                schemes[name],
+                model_dir,
+                acquired.model_dir,
+                serving_for[name],
+                config.evaluation,
+                config.load,
+                run_dir / "candidates" / name,
+                public_name,
+            )
+        )
     seconds["measure"] = time.monotonic() - mark
     order = [BASELINE] + [c.name for c in config.candidates]
     results.sort(key=lambda r: order.index(r.name))
@@ -104,20 +129,30 @@ def release(
     mark = time.monotonic()
 
     def target(name: str) -> DeployTarget:
-        return DeployTarget(candidate=name, scheme=schemes[name], model_dir=dirs[name],
-                            repo_id=acquired.repo_id, commit=acquired.commit, run_dir=run_dir)
+        return DeployTarget(
+            candidate=name,
+            scheme=schemes[name],
+            model_dir=dirs[name],
+            repo_id=acquired.repo_id,
+            commit=acquired.commit,
+            serving=serving_for[name],
+            run_dir=run_dir,
+        )
 
     baseline_ok = any(r.name == BASELINE and r.status == "measured" for r in results)
     stable_target = target(BASELINE) if first_release and baseline_ok else None
     deployment: dict = {}
     if decision.winner or stable_target:
-        state = promote_release(stable_target, target(decision.winner) if decision.winner else None,
-                                public_name, config.serving, config.canary_weight, router_port)
+        canary_target = target(decision.winner) if decision.winner else None
+        state = promote_release(
+            stable_target, canary_target, public_name, config.canary_weight, router_port
+        )
         deployment = {
             "load balancer": f"http://127.0.0.1:{state.router_port}",
             "stable": state.stable.release_id if state.stable else None,
             "canary": f"{state.canary.release_id} at {state.canary_weight}%"
-            if state.canary else "none",
+            if state.canary
+            else "none",
         }
     else:
         logger.warning("nothing deployed: no winner and no baseline to make stable")
@@ -125,18 +160,31 @@ def release(
 
     source = {"repo_id": acquired.repo_id, "revision": revision, "commit": acquired.commit}
     markdown = render_markdown(
-        title=f"Release {run_id}: {acquired.repo_id}", source=source, results=results,
-        decision=decision, stage_seconds={k: round(v, 1) for k, v in seconds.items()},
+        title=f"Release {run_id}: {acquired.repo_id}",
+        source=source,
+        results=results,
+        decision=decision,
+        stage_seconds={k: round(v, 1) for k, v in seconds.items()},
         deployment=deployment,
     )
     payload = {
-        "run_id": run_id, "source": source, "config": config.model_dump(),
-        "results": [r.model_dump() for r in results], "decision": decision.model_dump(),
-        "stage_seconds": seconds, "deployment": deployment,
+        "run_id": run_id,
+        "source": source,
+        "config": config.model_dump(),
+        "results": [r.model_dump() for r in results],
+        "decision": decision.model_dump(),
+        "stage_seconds": seconds,
+        "deployment": deployment,
     }
     files = publish_report(run_dir, markdown, payload, results, decision)
-    return {"run_dir": str(run_dir), "report": files["markdown"], "winner": decision.winner,
-            "summary": decision.summary, "deployment": deployment, "stage_seconds": seconds}
+    return {
+        "run_dir": str(run_dir),
+        "report": files["markdown"],
+        "winner": decision.winner,
+        "summary": decision.summary,
+        "deployment": deployment,
+        "stage_seconds": seconds,
+    }
 
 
 def main() -> None:

@@ -15,27 +15,106 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 CALIBRATION_MACHINES = [
-    "CNC lathe L-200", "hydraulic press HP-80", "injection molder IM-350", "spot welder SW-12",
-    "band saw BS-40", "surface grinder SG-6", "paint booth PB-3", "conveyor line CL-9",
-    "air compressor AC-75", "laser cutter LC-4", "robotic arm RA-6", "heat-treat furnace HF-2",
+    "CNC lathe L-200",
+    "hydraulic press HP-80",
+    "injection molder IM-350",
+    "spot welder SW-12",
+    "band saw BS-40",
+    "surface grinder SG-6",
+    "paint booth PB-3",
+    "conveyor line CL-9",
+    "air compressor AC-75",
+    "laser cutter LC-4",
+    "robotic arm RA-6",
+    "heat-treat furnace HF-2",
 ]
 EVAL_MACHINES = [
-    "milling center MC-500", "stamping press SP-250", "extruder EX-90", "reflow oven RO-7",
-    "boring mill BM-3", "die caster DC-400", "pick-and-place PP-11", "chiller CH-30",
-    "gear hobber GH-8", "wave solder WS-5",
+    "milling center MC-500",
+    "stamping press SP-250",
+    "extruder EX-90",
+    "reflow oven RO-7",
+    "boring mill BM-3",
+    "die caster DC-400",
+    "pick-and-place PP-11",
+    "chiller CH-30",
+    "gear hobber GH-8",
+    "wave solder WS-5",
 ]
 # (parameter, unit, low, high, step, sentence template)
 PARAMETERS = [
-    ("spindle bolt torque", "N·m", 40, 120, 5, "Tighten the {m} spindle bolts to {v} {u} in a star pattern."),
-    ("hydraulic oil change interval", "hours", 1000, 4000, 250, "Change the hydraulic oil of the {m} every {v} {u} of operation."),
-    ("coolant concentration", "%", 4, 10, 1, "Keep the coolant concentration of the {m} at {v} {u}, checked with a refractometer."),
-    ("lubrication pressure", "bar", 2, 8, 1, "Set the central lubrication pressure of the {m} to {v} {u}."),
-    ("belt tension deflection", "mm", 5, 15, 1, "The drive belt of the {m} must deflect {v} {u} under thumb pressure."),
-    ("barrel zone 1 temperature", "°C", 180, 260, 5, "Heat barrel zone 1 of the {m} to {v} {u} before purging."),
+    (
+        "spindle bolt torque",
+        "N·m",
+        40,
+        120,
+        5,
+        "Tighten the {m} spindle bolts to {v} {u} in a star pattern.",
+    ),
+    (
+        "hydraulic oil change interval",
+        "hours",
+        1000,
+        4000,
+        250,
+        "Change the hydraulic oil of the {m} every {v} {u} of operation.",
+    ),
+    (
+        "coolant concentration",
+        "%",
+        4,
+        10,
+        1,
+        "Keep the coolant concentration of the {m} at {v} {u}, checked with a refractometer.",
+    ),
+    (
+        "lubrication pressure",
+        "bar",
+        2,
+        8,
+        1,
+        "Set the central lubrication pressure of the {m} to {v} {u}.",
+    ),
+    (
+        "belt tension deflection",
+        "mm",
+        5,
+        15,
+        1,
+        "The drive belt of the {m} must deflect {v} {u} under thumb pressure.",
+    ),
+    (
+        "barrel zone 1 temperature",
+        "°C",
+        180,
+        260,
+        5,
+        "Heat barrel zone 1 of the {m} to {v} {u} before purging.",
+    ),
     ("air supply pressure", "bar", 5, 8, 1, "Supply the {m} with dry air at {v} {u}."),
-    ("filter replacement interval", "days", 30, 180, 15, "Replace the intake filter of the {m} every {v} {u}."),
-    ("maximum vibration velocity", "mm/s", 2, 11, 1, "Stop the {m} if the bearing vibration exceeds {v} {u} RMS."),
-    ("gearbox oil volume", "L", 4, 40, 2, "Fill the gearbox of the {m} with {v} {u} of ISO VG 220 oil."),
+    (
+        "filter replacement interval",
+        "days",
+        30,
+        180,
+        15,
+        "Replace the intake filter of the {m} every {v} {u}.",
+    ),
+    (
+        "maximum vibration velocity",
+        "mm/s",
+        2,
+        11,
+        1,
+        "Stop the {m} if the bearing vibration exceeds {v} {u} RMS.",
+    ),
+    (
+        "gearbox oil volume",
+        "L",
+        4,
+        40,
+        2,
+        "Fill the gearbox of the {m} with {v} {u} of ISO VG 220 oil.",
+    ),
 ]
 FILLER = [
     "Lock out and tag out the main disconnect before opening any guard.",
@@ -71,14 +150,16 @@ def main() -> None:
         for j, param in enumerate(rng.sample(PARAMETERS, 4)):
             text, value = passage(rng, machine, param)
             pid = f"KB-{1000 + i * 10 + j}"
-            items.append({
-                "id": f"mkb-{len(items) + 1:03d}",
-                "passage_id": pid,
-                "passage": text,
-                "question": f"What is the {param[0]} for the {machine}?",
-                "answer": f"{value} {param[1]}",
-                "tags": [param[0].split()[-1]],
-            })
+            items.append(
+                {
+                    "id": f"mkb-{len(items) + 1:03d}",
+                    "passage_id": pid,
+                    "passage": text,
+                    "question": f"What is the {param[0]} for the {machine}?",
+                    "answer": f"{value} {param[1]}",
+                    "tags": [param[0].split()[-1]],
+                }
+            )
     out = ROOT / "eval_sets" / "manufacturing_kb" / "data.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in items))

@@ -22,9 +22,14 @@ def acquire_model(source: SourceConfig) -> Acquired:
     acquired = acquire(source, progress=on_file)
     check_repo_contract(acquired.model_dir)
     update_progress_artifact(progress_id, progress=100.0)
-    logger.info("%s@%s in %s (%s, %d bytes fetched)", acquired.repo_id, acquired.commit[:12],
-                acquired.model_dir, "reused" if acquired.reused else "downloaded",
-                acquired.downloaded_bytes)
+    logger.info(
+        "%s@%s in %s (%s, %d bytes fetched)",
+        acquired.repo_id,
+        acquired.commit[:12],
+        acquired.model_dir,
+        "reused" if acquired.reused else "downloaded",
+        acquired.downloaded_bytes,
+    )
     return acquired
 
 

@@ -19,7 +19,12 @@ def quantize_candidate(model_dir: Path, candidate: CandidateConfig) -> Quantized
     except ReleaseError as exc:
         logger.error("%s could not be quantized: %s", candidate.name, exc)
         return str(exc)
-    logger.info("%s: %s on %s in %.1fs -> %s", candidate.name,
-                "cache hit" if result.cached else "quantized", result.device, result.seconds,
-                result.model_dir)
+    logger.info(
+        "%s: %s on %s in %.1fs -> %s",
+        candidate.name,
+        "cache hit" if result.cached else "quantized",
+        result.device,
+        result.seconds,
+        result.model_dir,
+    )
     return result

@@ -57,7 +57,7 @@ def check_target_path(path: Path) -> None:
         raise ConfigError(
             f"model path {text!r} contains spaces or non-ASCII characters",
             hint="several inference stacks mishandle such paths; set LLM_RELEASE_HOME to a "
-                 "plain ASCII path without spaces",
+            "plain ASCII path without spaces",
         )
 
 
@@ -91,7 +91,7 @@ def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
         raise AcquireError(
             f"repository {source.repo_id} was not found at {api.endpoint}",
             hint="check the repo id, the endpoint (HF_ENDPOINT) and, for a gated or private "
-                 "repo, the token (HF_TOKEN)",
+            "repo, the token (HF_TOKEN)",
         ) from exc
     except (HfHubHTTPError, OSError) as exc:
         raise AcquireError(
@@ -103,11 +103,14 @@ def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
         if source.allow_patterns and not _matches(sibling.rfilename, source.allow_patterns):
             continue
         lfs = sibling.lfs
-        files.append(RemoteFile(
-            path=sibling.rfilename, size=sibling.size,
-            sha256=lfs.sha256 if lfs else None,
-            blob_id=None if lfs else sibling.blob_id,
-        ))
+        files.append(
+            RemoteFile(
+                path=sibling.rfilename,
+                size=sibling.size,
+                sha256=lfs.sha256 if lfs else None,
+                blob_id=None if lfs else sibling.blob_id,
+            )
+        )
     return info.sha, files
 
 
@@ -157,7 +160,9 @@ def acquire(source: SourceConfig, *, progress=None) -> Acquired:
 
     commit, remote_files = resolve(source)
     if not remote_files:
-        raise AcquireError(f"{source.repo_id}@{commit} has no files matching {source.allow_patterns}")
+        raise AcquireError(
+            f"{source.repo_id}@{commit} has no files matching {source.allow_patterns}"
+        )
     model_dir = local_dir_for(source.repo_id, commit)
     check_target_path(model_dir)
     manifest_path = model_dir.with_name(commit + MANIFEST_SUFFIX)
@@ -177,8 +182,12 @@ def acquire(source: SourceConfig, *, progress=None) -> Acquired:
             target.unlink(missing_ok=True)
             try:
                 hf_hub_download(
-                    source.repo_id, remote.path, revision=commit, local_dir=model_dir,
-                    endpoint=source.endpoint, force_download=True,
+                    source.repo_id,
+                    remote.path,
+                    revision=commit,
+                    local_dir=model_dir,
+                    endpoint=source.endpoint,
+                    force_download=True,
                 )
             except Exception as exc:  # the hub client raises many types; all mean "retry"
                 problem = f"download failed: {type(exc).__name__}: {exc}".splitlines()[0]
@@ -226,8 +235,11 @@ def acquire(source: SourceConfig, *, progress=None) -> Acquired:
 def check_repo_contract(model_dir: Path) -> None:
     """Config, tokenizer and generation config present; the index names only present shards."""
     model_dir = Path(model_dir)
-    missing = [n for n in ("config.json", "tokenizer_config.json", "generation_config.json")
-               if not (model_dir / n).exists()]
+    missing = [
+        n
+        for n in ("config.json", "tokenizer_config.json", "generation_config.json")
+        if not (model_dir / n).exists()
+    ]
     if not any((model_dir / n).exists() for n in ("tokenizer.json", "tokenizer.model")):
         missing.append("tokenizer.json")
     index_path = model_dir / "model.safetensors.index.json"

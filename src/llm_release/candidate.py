@@ -16,14 +16,28 @@ from .serve import VllmServer
 log = logging.getLogger(__name__)
 
 
-def measure(*, name: str, scheme: str, model_dir: Path, tokenizer_dir: Path,
-            serving: ServingConfig, evaluation: EvalConfig, load: LoadProfile,
-            out_dir: Path, public_name: str) -> CandidateResult:
+def measure(
+    *,
+    name: str,
+    scheme: str,
+    model_dir: Path,
+    tokenizer_dir: Path,
+    serving: ServingConfig,
+    evaluation: EvalConfig,
+    load: LoadProfile,
+    out_dir: Path,
+    public_name: str,
+) -> CandidateResult:
     """Never raises for a candidate's own failure: it is recorded, and the others go on."""
     out_dir.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
-    result = CandidateResult(name=name, scheme=scheme, model_dir=str(model_dir),
-                             size_bytes=dir_size(model_dir), status="failed")
+    result = CandidateResult(
+        name=name,
+        scheme=scheme,
+        model_dir=str(model_dir),
+        size_bytes=dir_size(model_dir),
+        status="failed",
+    )
     started = time.monotonic()
     server = VllmServer(model_dir, [name, public_name], serving, out_dir / "vllm.log")
     try:
@@ -32,13 +46,19 @@ def measure(*, name: str, scheme: str, model_dir: Path, tokenizer_dir: Path,
             log.info("%s: healthy at %s after %.0fs", name, server.base_url, seconds["serve_start"])
             mark = time.monotonic()
             result.evals = run_evaluation(
-                server.base_url, name, evaluation.eval_sets, out_dir / "eval",
-                num_concurrent=evaluation.num_concurrent, limit=evaluation.limit,
+                server.base_url,
+                name,
+                evaluation.eval_sets,
+                out_dir / "eval",
+                num_concurrent=evaluation.num_concurrent,
+                limit=evaluation.limit,
             )
             seconds["evaluate"] = time.monotonic() - mark
             log.info("%s: evaluated in %.0fs", name, seconds["evaluate"])
             mark = time.monotonic()
-            result.load = run_load_test(server.base_url, name, tokenizer_dir, load, out_dir / "load")
+            result.load = run_load_test(
+                server.base_url, name, tokenizer_dir, load, out_dir / "load"
+            )
             seconds["loadtest"] = time.monotonic() - mark
             log.info("%s: load-tested in %.0fs", name, seconds["loadtest"])
             mark = time.monotonic()

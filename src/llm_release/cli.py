@@ -22,9 +22,11 @@ def _print_status(as_json: bool) -> None:
     if not info["releases"]:
         print("no releases yet")
     for rel in info["releases"]:
-        print(f"  {rel['role']:<7} {rel['release_id']:<45} weight={rel['weight']} "
-              f"requests={rel['requests']} health={rel['health']} "
-              f"process={'up' if rel['process_alive'] else 'down'}")
+        print(
+            f"  {rel['role']:<7} {rel['release_id']:<45} weight={rel['weight']} "
+            f"requests={rel['requests']} health={rel['health']} "
+            f"process={'up' if rel['process_alive'] else 'down'}"
+        )
 
 
 def cmd_canary(args: argparse.Namespace) -> None:
@@ -89,8 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
     canary = sub.add_parser("canary", help="inspect, promote or roll back the canary")
     canary.add_argument("action", choices=["status", "promote", "rollback"])
     canary.add_argument("--json", action="store_true", help="machine-readable status")
-    canary.add_argument("--drain-timeout", type=float, default=120,
-                        help="seconds to wait for in-flight requests before stopping a server")
+    canary.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=120,
+        help="seconds to wait for in-flight requests before stopping a server",
+    )
     canary.set_defaults(func=cmd_canary)
 
     hub = sub.add_parser("hub", help="the local Hub-compatible endpoint")

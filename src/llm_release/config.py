@@ -16,7 +16,9 @@ class SourceConfig(StrictModel):
     """Where the model comes from. ``endpoint`` points at a Hub-compatible server."""
 
     hub: Literal["huggingface"] = "huggingface"
-    repo_id: str = Field(description="Repository id on the hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct")
+    repo_id: str = Field(
+        description="Repository id on the hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
     revision: str = Field("main", description="Branch, tag or commit; resolved to a commit first")
     endpoint: str | None = Field(None, description="Hub endpoint (HF_ENDPOINT); None uses the env")
     allow_patterns: list[str] | None = None
@@ -44,6 +46,9 @@ class CandidateConfig(StrictModel):
     calibration_set: str = Field("manufacturing_maintenance", description="file in calibration/")
     num_calibration_samples: int = Field(64, ge=1)
     max_seq_length: int = Field(256, ge=16)
+    extra_serving_args: list[str] = Field(
+        default_factory=list, description="vLLM arguments for this candidate only"
+    )
 
     @field_validator("name")
     @classmethod

@@ -55,13 +55,16 @@ def convert_smollm2(out_dir: Path, *, max_shard_size: str = "100MB") -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     out_dir = Path(out_dir)
-    if (out_dir / "model.safetensors.index.json").exists() and (out_dir / "tokenizer.json").exists():
+    if (out_dir / "model.safetensors.index.json").exists() and (
+        out_dir / "tokenizer.json"
+    ).exists():
         return out_dir
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     _finish_tokenizer(tokenizer)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                  dtype=torch.bfloat16)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+    )
     config = loaded.config
     # The GGUF loader leaves a quantization_config behind; the weights are dequantized now.
     if hasattr(config, "quantization_config"):
@@ -70,7 +73,8 @@ def convert_smollm2(out_dir: Path, *, max_shard_size: str = "100MB") -> Path:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     staging = out_dir.with_name(out_dir.name + ".tmp")
@@ -83,8 +87,9 @@ def convert_smollm2(out_dir: Path, *, max_shard_size: str = "100MB") -> Path:
     return out_dir
 
 
-def build_tiny_model(out_dir: Path, tokenizer_dir: Path, *, seed: int = 0,
-                     hidden_size: int = 128, layers: int = 2) -> Path:
+def build_tiny_model(
+    out_dir: Path, tokenizer_dir: Path, *, seed: int = 0, hidden_size: int = 128, layers: int = 2
+) -> Path:
     """A random-weight Llama with a real tokenizer; widths divide the W4A16 group size."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
@@ -93,16 +98,23 @@ def build_tiny_model(out_dir: Path, tokenizer_dir: Path, *, seed: int = 0,
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     _finish_tokenizer(tokenizer)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=2048, tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         torch_dtype="bfloat16",
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     staging = out_dir.with_name(out_dir.name + ".tmp")

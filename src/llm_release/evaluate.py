@@ -20,8 +20,17 @@ log = logging.getLogger(__name__)
 # Keys of an lm-eval task YAML that an eval set may use. Anything else is refused, and
 # with it every way of importing code (process_results, !function, custom filters).
 ALLOWED_TASK_KEYS = {
-    "task", "tag", "dataset_path", "dataset_kwargs", "test_split", "output_type",
-    "doc_to_text", "doc_to_target", "metric_list", "metadata", "description",
+    "task",
+    "tag",
+    "dataset_path",
+    "dataset_kwargs",
+    "test_split",
+    "output_type",
+    "doc_to_text",
+    "doc_to_target",
+    "metric_list",
+    "metadata",
+    "description",
 }
 
 
@@ -52,8 +61,15 @@ def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
     directory = root / name
     task_path = directory / "task.yaml"
     if not task_path.exists():
-        available = sorted(p.name for p in root.iterdir() if (p / "task.yaml").exists()
-                           and not p.name.startswith("_")) if root.exists() else []
+        available = (
+            sorted(
+                p.name
+                for p in root.iterdir()
+                if (p / "task.yaml").exists() and not p.name.startswith("_")
+            )
+            if root.exists()
+            else []
+        )
         raise EvalError(
             f"eval set {name!r} not found ({task_path} does not exist)",
             hint=f"available eval sets: {', '.join(available) or 'none'}",
@@ -121,8 +137,15 @@ def task_config(eval_set: EvalSet, decoding: dict) -> dict:
     return config
 
 
-def run_evaluation(base_url: str, served_name: str, eval_set_names: list[str], out_dir: Path, *,
-                   num_concurrent: int = 4, limit: int | None = None) -> list[EvalResult]:
+def run_evaluation(
+    base_url: str,
+    served_name: str,
+    eval_set_names: list[str],
+    out_dir: Path,
+    *,
+    num_concurrent: int = 4,
+    limit: int | None = None,
+) -> list[EvalResult]:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from lm_eval import simple_evaluate
@@ -158,16 +181,24 @@ def run_evaluation(base_url: str, served_name: str, eval_set_names: list[str], o
         scores = output["results"][eval_set.name]
         samples = output.get("samples", {}).get(eval_set.name, [])
         samples_path = out_dir / f"{eval_set.name}.samples.jsonl"
-        atomic_write_text(samples_path, "".join(
-            json.dumps({
-                "id": s["doc"].get("id"),
-                "prompt": s["arguments"][0][0] if s.get("arguments") else None,
-                "reference": s["doc"].get("answer"),
-                "answer": (s.get("filtered_resps") or [""])[0],
-                **{m: s.get(m) for m in eval_set.metric_names},
-            }, ensure_ascii=False, default=str) + "\n"
-            for s in samples
-        ))
+        atomic_write_text(
+            samples_path,
+            "".join(
+                json.dumps(
+                    {
+                        "id": s["doc"].get("id"),
+                        "prompt": s["arguments"][0][0] if s.get("arguments") else None,
+                        "reference": s["doc"].get("answer"),
+                        "answer": (s.get("filtered_resps") or [""])[0],
+                        **{m: s.get(m) for m in eval_set.metric_names},
+                    },
+                    ensure_ascii=False,
+                    default=str,
+                )
+                + "\n"
+                for s in samples
+            ),
+        )
         metric_scores = {}
         for name in eval_set.metric_names:
             value = scores.get(f"{name},none")
@@ -177,8 +208,13 @@ def run_evaluation(base_url: str, served_name: str, eval_set_names: list[str], o
                 stderr=float(stderr) if isinstance(stderr, (int, float)) else None,
                 higher_is_better=metrics.get(name).higher_is_better,
             )
-        results.append(EvalResult(
-            eval_set=eval_set.name, num_items=len(samples), metrics=metric_scores,
-            decoding=decoding, samples_path=str(samples_path),
-        ))
+        results.append(
+            EvalResult(
+                eval_set=eval_set.name,
+                num_items=len(samples),
+                metrics=metric_scores,
+                decoding=decoding,
+                samples_path=str(samples_path),
+            )
+        )
     return results

@@ -115,9 +115,10 @@ class _Repo:
         refs = json.loads(refs_path.read_text()) if refs_path.exists() else {}
         if revision in refs:
             return refs[revision]
-        if re.fullmatch(r"[0-9a-f]{40}", revision) and (
-            self.directory / "commits" / f"{revision}.json"
-        ).exists():
+        if (
+            re.fullmatch(r"[0-9a-f]{40}", revision)
+            and (self.directory / "commits" / f"{revision}.json").exists()
+        ):
             return revision
         return None
 
@@ -180,7 +181,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def _model_info(self, repo_id: str, revision: str, query: dict) -> None:
         repo = self._repo(repo_id)
         if repo is None:
-            self._send_error(HTTPStatus.NOT_FOUND, "RepoNotFound", f"Repository {repo_id} not found")
+            self._send_error(
+                HTTPStatus.NOT_FOUND, "RepoNotFound", f"Repository {repo_id} not found"
+            )
             return
         commit = repo.resolve(revision)
         if commit is None:
@@ -212,7 +215,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def _resolve(self, repo_id: str, revision: str, filename: str) -> None:
         repo = self._repo(repo_id)
         if repo is None:
-            self._send_error(HTTPStatus.NOT_FOUND, "RepoNotFound", f"Repository {repo_id} not found")
+            self._send_error(
+                HTTPStatus.NOT_FOUND, "RepoNotFound", f"Repository {repo_id} not found"
+            )
             return
         commit = repo.resolve(unquote(revision))
         if commit is None:

@@ -45,8 +45,12 @@ class Metric:
 REGISTRY: dict[str, Metric] = {
     m.name: m
     for m in (
-        Metric("numeric_match", numeric_match, True,
-               "every number of the reference appears in the answer"),
+        Metric(
+            "numeric_match",
+            numeric_match,
+            True,
+            "every number of the reference appears in the answer",
+        ),
         Metric("exact_match", exact_match, True, "answer equals the reference (case-folded)"),
         Metric("contains", contains, True, "the reference appears inside the answer"),
     )

@@ -29,7 +29,9 @@ def check(config: ReleaseConfig, router_port: int) -> None:
             hint="run 'make setup', or point LLM_RELEASE_VLLM_PYTHON at a python with vLLM",
         )
     if shutil.which("haproxy") is None:
-        raise RouterError("haproxy is not installed", hint="run 'make setup' (apt-get install haproxy)")
+        raise RouterError(
+            "haproxy is not installed", hint="run 'make setup' (apt-get install haproxy)"
+        )
     ensure_no_canary()
     router = router_for(load())
     if not router.running():

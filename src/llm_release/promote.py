@@ -35,6 +35,7 @@ class DeployTarget:
     model_dir: Path
     repo_id: str
     commit: str
+    serving: ServingConfig
     run_dir: Path | None = None
 
 
@@ -59,23 +60,36 @@ def ensure_no_canary() -> None:
         )
 
 
-def _start_release(target: DeployTarget, public_name: str, serving: ServingConfig,
-                   role: str) -> Release:
+def _start_release(target: DeployTarget, public_name: str, role: str) -> Release:
     release_id = f"{target.candidate}-{target.commit[:8]}-{time.strftime('%Y%m%d%H%M%S')}"
     log_path = paths.home() / "servers" / f"{role}-{release_id}.log"
-    endpoint = start_detached(target.model_dir, [public_name, release_id], serving, log_path,
-                              port=free_port())
+    endpoint = start_detached(
+        target.model_dir, [public_name, release_id], target.serving, log_path, port=free_port()
+    )
     return Release(
-        release_id=release_id, candidate=target.candidate, scheme=target.scheme,
-        repo_id=target.repo_id, commit=target.commit, model_dir=str(target.model_dir),
-        public_name=public_name, port=endpoint.port, pid=endpoint.pid,
-        log_path=str(log_path), run_dir=str(target.run_dir) if target.run_dir else None,
+        release_id=release_id,
+        candidate=target.candidate,
+        scheme=target.scheme,
+        repo_id=target.repo_id,
+        commit=target.commit,
+        model_dir=str(target.model_dir),
+        public_name=public_name,
+        port=endpoint.port,
+        pid=endpoint.pid,
+        log_path=str(log_path),
+        run_dir=str(target.run_dir) if target.run_dir else None,
+        serving=target.serving,
     )
 
 
-def _restart(release: Release, serving: ServingConfig) -> Release:
-    endpoint = start_detached(Path(release.model_dir), [release.public_name, release.release_id],
-                              serving, Path(release.log_path), port=free_port())
+def _restart(release: Release) -> Release:
+    endpoint = start_detached(
+        Path(release.model_dir),
+        [release.public_name, release.release_id],
+        release.serving,
+        Path(release.log_path),
+        port=free_port(),
+    )
     return release.model_copy(update={"port": endpoint.port, "pid": endpoint.pid})
 
 
@@ -94,9 +108,14 @@ def _apply(router: Router, state: RegistryState) -> None:
         router.start(stable, canary)
 
 
-def deploy(stable_target: DeployTarget | None, canary_target: DeployTarget | None, *,
-           public_name: str, serving: ServingConfig, canary_weight: int,
-           router_port: int | None = None) -> RegistryState:
+def deploy(
+    stable_target: DeployTarget | None,
+    canary_target: DeployTarget | None,
+    *,
+    public_name: str,
+    canary_weight: int,
+    router_port: int | None = None,
+) -> RegistryState:
     """Make sure a stable release serves, add the canary at ``canary_weight`` percent."""
     with registry.locked() as state:
         if state.canary is not None and pid_alive(state.canary.pid):
@@ -113,14 +132,14 @@ def deploy(stable_target: DeployTarget | None, canary_target: DeployTarget | Non
             if state.stable is None:
                 if stable_target is None:
                     raise StateError("there is no stable release and no baseline to make stable")
-                state.stable = _start_release(stable_target, public_name, serving, "stable")
+                state.stable = _start_release(stable_target, public_name, "stable")
                 started.append(state.stable)
                 state.log("stable", release=state.stable.release_id)
             elif not pid_alive(state.stable.pid):
-                state.stable = _restart(state.stable, serving)
+                state.stable = _restart(state.stable)
                 started.append(state.stable)
             if canary_target is not None:
-                state.canary = _start_release(canary_target, public_name, serving, "canary")
+                state.canary = _start_release(canary_target, public_name, "canary")
                 started.append(state.canary)
                 state.canary_weight = canary_weight
             _apply(router_for(state), state)
@@ -158,8 +177,10 @@ def drain_and_stop(release: Release, timeout_s: float = 120) -> None:
 def rollback(drain_timeout_s: float = 120) -> Release:
     with registry.locked() as state:
         if state.canary is None:
-            raise StateError("there is no canary to roll back",
-                             hint="'llm-release canary status' shows the current releases")
+            raise StateError(
+                "there is no canary to roll back",
+                hint="'llm-release canary status' shows the current releases",
+            )
         router = router_for(state)
         canary = state.canary
         if router.running():
@@ -178,16 +199,17 @@ def rollback(drain_timeout_s: float = 120) -> Release:
 def promote(drain_timeout_s: float = 120) -> Release:
     with registry.locked() as state:
         if state.canary is None:
-            raise StateError("there is no canary to promote",
-                             hint="run a release first; 'llm-release canary status' shows state")
+            raise StateError(
+                "there is no canary to promote",
+                hint="run a release first; 'llm-release canary status' shows state",
+            )
         router = router_for(state)
         old, new = state.stable, state.canary
         if router.running():
             router.set_target("stable", _slot(new, 100))
             router.set_target("canary", None)
         state.stable, state.canary, state.canary_weight = new, None, 0
-        state.log("promote", release=new.release_id,
-                  replaced=old.release_id if old else None)
+        state.log("promote", release=new.release_id, replaced=old.release_id if old else None)
     if old is not None:
         drain_and_stop(old, drain_timeout_s)
     return new
@@ -203,19 +225,21 @@ def status() -> dict:
         if release is None:
             continue
         row = stats.get(role, {})
-        releases.append({
-            "role": role,
-            "release_id": release.release_id,
-            "candidate": release.candidate,
-            "scheme": release.scheme,
-            "repo_id": release.repo_id,
-            "commit": release.commit,
-            "backend_url": f"http://127.0.0.1:{release.port}",
-            "process_alive": pid_alive(release.pid),
-            "weight": int(row["weight"]) if row.get("weight") else None,
-            "requests": int(row["stot"]) if row.get("stot") else 0,
-            "health": row.get("status"),
-        })
+        releases.append(
+            {
+                "role": role,
+                "release_id": release.release_id,
+                "candidate": release.candidate,
+                "scheme": release.scheme,
+                "repo_id": release.repo_id,
+                "commit": release.commit,
+                "backend_url": f"http://127.0.0.1:{release.port}",
+                "process_alive": pid_alive(release.pid),
+                "weight": int(row["weight"]) if row.get("weight") else None,
+                "requests": int(row["stot"]) if row.get("stot") else 0,
+                "health": row.get("status"),
+            }
+        )
     return {
         "lb_url": router.url,
         "router_running": running,

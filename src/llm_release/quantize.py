@@ -66,7 +66,8 @@ def _model_fingerprint(model_dir: Path) -> str:
     else:
         listing = sorted(
             (p.relative_to(model_dir).as_posix(), sha256_file(p))
-            for p in model_dir.rglob("*") if p.is_file() and ".cache" not in p.parts
+            for p in model_dir.rglob("*")
+            if p.is_file() and ".cache" not in p.parts
         )
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
@@ -88,20 +89,27 @@ def build_recipe(candidate: CandidateConfig, hidden_size: int, intermediate_size
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
     if candidate.scheme == "FP8_DYNAMIC":
-        return [QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=candidate.ignore)]
+        return [
+            QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=candidate.ignore)
+        ]
     for width in (hidden_size, intermediate_size):
         if width % candidate.group_size:
             raise ConfigError(
                 f"W4A16 group size {candidate.group_size} does not divide layer width {width}",
                 hint="choose a group size that divides every Linear input width (e.g. 64 for "
-                     "SmolLM2's 576), or add the layer to 'ignore'",
+                "SmolLM2's 576), or add the layer to 'ignore'",
             )
     from llmcompressor.modifiers.transform.awq import AWQModifier
 
     scheme = QuantizationScheme(
         targets=["Linear"],
-        weights=QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group",
-                                 group_size=candidate.group_size),
+        weights=QuantizationArgs(
+            num_bits=4,
+            type="int",
+            symmetric=True,
+            strategy="group",
+            group_size=candidate.group_size,
+        ),
     )
     return [
         AWQModifier(),
@@ -126,14 +134,18 @@ def check_artifact(model_dir: Path, scheme: str) -> None:
         raise QuantizeError(f"{model_dir} has no config.json after quantization")
     qconfig = json.loads(config_path.read_text()).get("quantization_config") or {}
     if qconfig.get("quant_method") != "compressed-tensors":
-        raise QuantizeError(f"{model_dir}: quantization_config is not compressed-tensors: {qconfig}")
+        raise QuantizeError(
+            f"{model_dir}: quantization_config is not compressed-tensors: {qconfig}"
+        )
     if not list(model_dir.glob("*.safetensors")):
         raise QuantizeError(f"{model_dir} has no safetensors weights")
     if not (model_dir / "tokenizer_config.json").exists():
         raise QuantizeError(f"{model_dir} has no tokenizer")
 
 
-def quantize(model_dir: Path, candidate: CandidateConfig, out_root: Path | None = None) -> Quantized:
+def quantize(
+    model_dir: Path, candidate: CandidateConfig, out_root: Path | None = None
+) -> Quantized:
     model_dir = Path(model_dir)
     out_root = Path(out_root) if out_root else paths.home() / "candidates"
     key = cache_key(model_dir, candidate)
@@ -152,8 +164,9 @@ def quantize(model_dir: Path, candidate: CandidateConfig, out_root: Path | None 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto",
-                                                 device_map=device if device == "cuda" else None)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype="auto", device_map=device if device == "cuda" else None
+    )
     config = model.config
     recipe = build_recipe(candidate, config.hidden_size, config.intermediate_size)
     kwargs = {}
@@ -181,11 +194,17 @@ def quantize(model_dir: Path, candidate: CandidateConfig, out_root: Path | None 
             shutil.copy2(model_dir / extra, staging / extra)
     check_artifact(staging, candidate.scheme)
     seconds = time.monotonic() - started
-    atomic_write_json(staging / RECORD, {
-        "candidate": candidate.model_dump(), "cache_key": key, "source_model": str(model_dir),
-        "device": device, "seconds": round(seconds, 2),
-        "llmcompressor": version("llmcompressor"),
-    })
+    atomic_write_json(
+        staging / RECORD,
+        {
+            "candidate": candidate.model_dump(),
+            "cache_key": key,
+            "source_model": str(model_dir),
+            "device": device,
+            "seconds": round(seconds, 2),
+            "llmcompressor": version("llmcompressor"),
+        },
+    )
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
     return Quantized(candidate.name, out_dir, key, False, seconds, device)

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import paths
+from .config import ServingConfig
 from .fileio import atomic_write_text
 
 
@@ -33,6 +34,7 @@ class Release(BaseModel):
     pid: int
     log_path: str
     run_dir: str | None = None
+    serving: ServingConfig
     started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
 
 

@@ -35,8 +35,14 @@ class SlotTarget:
     weight: int
 
 
-def render_config(*, listen_port: int, socket_path: Path, pid_path: Path,
-                  stable: SlotTarget | None, canary: SlotTarget | None) -> str:
+def render_config(
+    *,
+    listen_port: int,
+    socket_path: Path,
+    pid_path: Path,
+    stable: SlotTarget | None,
+    canary: SlotTarget | None,
+) -> str:
     lines = [
         "global",
         f"    stats socket {socket_path} mode 600 level admin",
@@ -118,16 +124,21 @@ class Router:
                 hint="set LLM_RELEASE_HOME to a shorter path",
             )
         config = render_config(
-            listen_port=self.listen_port, socket_path=self.socket_path, pid_path=self.pid_path,
-            stable=stable, canary=canary,
+            listen_port=self.listen_port,
+            socket_path=self.socket_path,
+            pid_path=self.pid_path,
+            stable=stable,
+            canary=canary,
         )
         atomic_write_text(self.config_path, config)
-        check = subprocess.run([binary, "-c", "-f", str(self.config_path)],
-                               capture_output=True, text=True)
+        check = subprocess.run(
+            [binary, "-c", "-f", str(self.config_path)], capture_output=True, text=True
+        )
         if check.returncode != 0:
             raise RouterError(f"HAProxy rejected its config:\n{check.stderr.strip()}")
-        proc = subprocess.run([binary, "-D", "-f", str(self.config_path)],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [binary, "-D", "-f", str(self.config_path)], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise RouterError(
                 f"HAProxy did not start: {proc.stderr.strip()}",
@@ -173,8 +184,10 @@ class Router:
                 chunks.append(data)
         reply = b"".join(chunks).decode()
         stripped = reply.strip()
-        if stripped and not stripped.startswith("#") and any(
-            marker in stripped for marker in ("Unknown", "No such", "Require", "invalid")
+        if (
+            stripped
+            and not stripped.startswith("#")
+            and any(marker in stripped for marker in ("Unknown", "No such", "Require", "invalid"))
         ):
             raise RouterError(f"HAProxy refused {line!r}: {stripped}")
         return reply
@@ -202,6 +215,7 @@ class Router:
         raw = self.command("show stat").lstrip("# ")
         rows = csv.DictReader(io.StringIO(raw))
         return {
-            row["svname"]: row for row in rows
+            row["svname"]: row
+            for row in rows
             if row.get("pxname") == BACKEND and row.get("svname") in SLOTS
         }

@@ -22,17 +22,29 @@ LOG_TAIL_LINES = 40
 
 # (pattern in the server log, what it most likely means)
 LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"(?i)out of memory|CUDA error: out of memory|Cannot allocate memory"),
-     "out of memory: lower max-model-len / max-num-seqs, or the KV-cache size"),
-    (re.compile(r"(?i)No available memory for the cache blocks|KV cache.*(insufficient|larger)"
-                r"|is larger than the maximum number of tokens that can be stored"),
-     "KV cache too small for max-model-len: raise the KV-cache size or lower max-model-len"),
-    (re.compile(r"(?i)error: unrecognized arguments|error: argument|invalid choice|"
-                r"invalid (int|float) value"),
-     "bad vLLM arguments: check serving.extra_args and the other serving settings"),
+    (
+        re.compile(r"(?i)out of memory|CUDA error: out of memory|Cannot allocate memory"),
+        "out of memory: lower max-model-len / max-num-seqs, or the KV-cache size",
+    ),
+    (
+        re.compile(
+            r"(?i)No available memory for the cache blocks|KV cache.*(insufficient|larger)"
+            r"|is larger than the maximum number of tokens that can be stored"
+        ),
+        "KV cache too small for max-model-len: raise the KV-cache size or lower max-model-len",
+    ),
+    (
+        re.compile(
+            r"(?i)error: unrecognized arguments|error: argument|invalid choice|"
+            r"invalid (int|float) value"
+        ),
+        "bad vLLM arguments: check serving.extra_args and the other serving settings",
+    ),
     (re.compile(r"(?i)Address already in use"), "the port is taken: pick another port"),
-    (re.compile(r"(?i)No such file or directory.*config\.json|does not appear to have a file"),
-     "the model directory is incomplete: re-run acquire/quantize"),
+    (
+        re.compile(r"(?i)No such file or directory.*config\.json|does not appear to have a file"),
+        "the model directory is incomplete: re-run acquire/quantize",
+    ),
 ]
 
 
@@ -53,18 +65,36 @@ def has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
-def build_command(python: Path, model_dir: Path, port: int, served_names: list[str],
-                  serving: ServingConfig, *, cuda: bool) -> list[str]:
+def build_command(
+    python: Path,
+    model_dir: Path,
+    port: int,
+    served_names: list[str],
+    serving: ServingConfig,
+    *,
+    cuda: bool,
+) -> list[str]:
     cmd = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--served-model-name", *served_names,
-        "--max-model-len", str(serving.max_model_len),
-        "--max-num-seqs", str(serving.max_num_seqs),
-        "--dtype", serving.dtype,
-        "--enable-prefix-caching" if serving.enable_prefix_caching else "--no-enable-prefix-caching",
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--served-model-name",
+        *served_names,
+        "--max-model-len",
+        str(serving.max_model_len),
+        "--max-num-seqs",
+        str(serving.max_num_seqs),
+        "--dtype",
+        serving.dtype,
+        "--enable-prefix-caching"
+        if serving.enable_prefix_caching
+        else "--no-enable-prefix-caching",
         "--disable-uvicorn-access-log",
     ]
     if serving.enforce_eager:
@@ -88,8 +118,15 @@ class Endpoint:
 class VllmServer:
     """A vLLM process. Use as a context manager so it is torn down on every exit path."""
 
-    def __init__(self, model_dir: Path, served_names: list[str], serving: ServingConfig,
-                 log_path: Path, *, port: int | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        served_names: list[str],
+        serving: ServingConfig,
+        log_path: Path,
+        *,
+        port: int | None = None,
+    ) -> None:
         if not served_names:
             raise ConfigError("a vLLM server needs at least one served model name")
         self.model_dir = Path(model_dir)
@@ -106,8 +143,11 @@ class VllmServer:
     def endpoint(self) -> Endpoint:
         assert self.process is not None
         return Endpoint(
-            base_url=self.base_url, served_name=self.served_names[0],
-            metrics_url=f"{self.base_url}/metrics", port=self.port, pid=self.process.pid,
+            base_url=self.base_url,
+            served_name=self.served_names[0],
+            metrics_url=f"{self.base_url}/metrics",
+            port=self.port,
+            pid=self.process.pid,
             log_path=str(self.log_path),
         )
 
@@ -119,9 +159,12 @@ class VllmServer:
                 hint="run 'make setup' to create .venv-vllm, or set LLM_RELEASE_VLLM_PYTHON",
             )
         if not (self.model_dir / "config.json").exists():
-            raise ServeError(f"{self.model_dir} has no config.json", hint="re-run the acquire stage")
-        cmd = build_command(python, self.model_dir, self.port, self.served_names, self.serving,
-                            cuda=has_cuda())
+            raise ServeError(
+                f"{self.model_dir} has no config.json", hint="re-run the acquire stage"
+            )
+        cmd = build_command(
+            python, self.model_dir, self.port, self.served_names, self.serving, cuda=has_cuda()
+        )
         env = dict(os.environ)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(self.serving.cpu_kvcache_space_gib)
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -137,8 +180,12 @@ class VllmServer:
             # Own session: the whole process tree can be signalled, and it outlives the
             # caller when a release keeps it running behind the router.
             self.process = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=env, start_new_session=True,
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
             )
         return self.endpoint()
 
@@ -228,8 +275,14 @@ def _reap(pid: int) -> None:
         pass
 
 
-def start_detached(model_dir: Path, served_names: list[str], serving: ServingConfig,
-                   log_path: Path, *, port: int | None = None) -> Endpoint:
+def start_detached(
+    model_dir: Path,
+    served_names: list[str],
+    serving: ServingConfig,
+    log_path: Path,
+    *,
+    port: int | None = None,
+) -> Endpoint:
     """Start a server that outlives this process (stable/canary behind the router)."""
     server = VllmServer(model_dir, served_names, serving, log_path, port=port)
     server.start()
