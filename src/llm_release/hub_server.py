@@ -92,11 +92,8 @@ def publish_repo(root: Path, repo_id: str, source_dir: Path, *, branch: str = "m
         for entry in files:
             dst = staging / entry["rfilename"]
             dst.parent.mkdir(parents=True, exist_ok=True)
-            src = source_dir / entry["rfilename"]
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
+            # A copy, not a hard link: the hub's bytes must not change when the source does.
+            shutil.copy2(source_dir / entry["rfilename"], dst)
         os.replace(staging, snapshot)
     atomic_write_text(repo_dir / "commits" / f"{commit}.json", json.dumps(files, indent=1))
     refs_path = repo_dir / "refs.json"

@@ -1,0 +1,81 @@
+# Quick start:  make demo   |   make test
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+export LLM_RELEASE_HOME ?= $(CURDIR)/.llm-release
+export PREFECT_HOME ?= $(LLM_RELEASE_HOME)/prefect
+export PREFECT_LOGGING_EXTRA_LOGGERS ?= llm_release
+HUB_PORT ?= 8765
+PREFECT_PORT ?= 4200
+ROUTER_PORT ?= 8080
+export LLM_RELEASE_ROUTER_PORT := $(ROUTER_PORT)
+PY := .venv/bin/python
+CLI := .venv/bin/llm-release
+PIDS := $(LLM_RELEASE_HOME)/pids
+HUB_URL := http://127.0.0.1:$(HUB_PORT)
+PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
+
+.PHONY: help setup demo test test-fast lint hub-up prefect-up down status bench
+
+help:
+	@echo "make demo      set up everything and release SmolLM2-135M-Instruct (canary at 5%)"
+	@echo "make test      set up everything and run the whole test suite"
+	@echo "make down      stop every server the project started"
+	@echo "make status    show the releases behind the load balancer"
+
+setup:
+	@bash scripts/setup.sh
+
+hub-up: setup
+	@mkdir -p $(PIDS)
+	@$(CLI) hub publish-demo
+	@if ! curl -sf $(HUB_URL)/api/models/HuggingFaceTB/SmolLM2-135M-Instruct >/dev/null; then \
+	  setsid nohup $(CLI) hub serve --port $(HUB_PORT) > $(LLM_RELEASE_HOME)/hub.log 2>&1 & \
+	  echo $$! > $(PIDS)/hub.pid; \
+	  for i in $$(seq 50); do curl -sf $(HUB_URL)/api/models/HuggingFaceTB/SmolLM2-135M-Instruct >/dev/null && break; sleep 0.2; done; \
+	fi
+	@echo "hub: $(HUB_URL)"
+
+prefect-up: setup
+	@mkdir -p $(PIDS)
+	@if ! curl -sf $(PREFECT_API)/health >/dev/null; then \
+	  echo "starting the Prefect server (UI at http://127.0.0.1:$(PREFECT_PORT)) …"; \
+	  setsid nohup .venv/bin/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT) \
+	    > $(LLM_RELEASE_HOME)/prefect-server.log 2>&1 & \
+	  echo $$! > $(PIDS)/prefect.pid; \
+	  for i in $$(seq 120); do curl -sf $(PREFECT_API)/health >/dev/null && break; sleep 1; done; \
+	  curl -sf $(PREFECT_API)/health >/dev/null || { echo "Prefect server did not start; see $(LLM_RELEASE_HOME)/prefect-server.log"; exit 1; }; \
+	fi
+
+demo: hub-up prefect-up
+	@start=$$(date +%s); \
+	PREFECT_API_URL=$(PREFECT_API) HF_ENDPOINT=$(HUB_URL) $(PY) -m flows.release \
+	  --hub-endpoint $(HUB_URL) --config configs/demo.json > $(LLM_RELEASE_HOME)/demo-result.json; \
+	rc=$$?; end=$$(date +%s); \
+	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
+	report=$$(jq -r .report $(LLM_RELEASE_HOME)/demo-result.json); \
+	echo; echo "== decision =="; sed -n '/^## Candidates/,/^## Gates/p' "$$report" | head -n -1; \
+	echo "wall time: $$((end - start)) s"; \
+	echo "report: $$report"; \
+	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
+	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
+	$(CLI) canary status
+
+status:
+	@$(CLI) canary status
+
+test: setup
+	.venv/bin/ruff check .
+	$(PY) -m pytest -v
+
+test-fast: setup
+	$(PY) -m pytest -v -m "not slow"
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+
+bench: setup
+	@echo "no benchmarks yet"
+
+down:
+	@if [ -x $(CLI) ]; then $(CLI) down; else echo "nothing to stop (no .venv)"; fi

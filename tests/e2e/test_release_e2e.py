@@ -1,0 +1,136 @@
+"""The whole release flow on a tiny model: real Prefect, vLLM, lm-eval, GuideLLM, HAProxy."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from llm_release import registry
+from tests.helpers import TINY_REPO, vllm_processes
+
+pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def cli(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "llm_release.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def lb_get(url: str, count: int) -> None:
+    for _ in range(count):
+        assert requests.get(f"{url}/v1/models", timeout=10).status_code == 200
+
+
+def test_release_end_to_end(prefect_api, home, hub):
+    from flows.release import release
+    from llm_release.serve import free_port
+
+    router_port = free_port()
+    out = release(
+        repo_id=TINY_REPO,
+        hub_endpoint=hub.url,
+        candidates=[
+            {"name": "fp8-dynamic", "scheme": "FP8_DYNAMIC"},
+            {
+                "name": "w4a16-awq",
+                "scheme": "W4A16_AWQ",
+                "num_calibration_samples": 16,
+                "max_seq_length": 128,
+            },
+            {
+                "name": "broken",
+                "scheme": "FP8_DYNAMIC",
+                "extra_serving_args": ["--no-such-vllm-flag"],
+            },
+        ],
+        serving={"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
+        evaluation={"limit": 8},
+        load={
+            "concurrencies": [1, 2],
+            "requests_per_level": 4,
+            "prompt_tokens": 32,
+            "output_tokens": 8,
+        },
+        router_port=router_port,
+    )
+    report = json.loads((home / "runs" / out["run_dir"].split("/")[-1] / "report.json").read_text())
+    results = {r["name"]: r for r in report["results"]}
+    assert set(results) == {"baseline", "fp8-dynamic", "w4a16-awq", "broken"}
+    for name in ("baseline", "fp8-dynamic", "w4a16-awq"):
+        r = results[name]
+        assert r["status"] == "measured", r["error"]
+        assert r["evals"][0]["num_items"] == 8
+        assert [lv["concurrency"] for lv in r["load"]["levels"]] == [1, 2]
+        assert all(lv["requests"] == 4 and lv["ttft_p95_ms"] > 0 for lv in r["load"]["levels"])
+    assert results["broken"]["status"] == "failed"
+    assert "--no-such-vllm-flag" in results["broken"]["error"]
+
+    decision = report["decision"]
+    verdicts = {v["name"]: v for v in decision["verdicts"]}
+    assert set(verdicts) == set(results)
+    assert not verdicts["broken"]["eligible"]
+    assert decision["winner"] in {"fp8-dynamic", "w4a16-awq"}
+    assert verdicts[decision["winner"]]["eligible"]
+    assert "## Gates" in (home / "runs" / out["run_dir"].split("/")[-1] / "report.md").read_text()
+
+    # The broken candidate left nothing behind; stable and canary keep serving.
+    state = registry.load()
+    assert state.stable.candidate == "baseline" and state.canary.candidate == decision["winner"]
+    assert len(vllm_processes()) == 2
+
+    status = json.loads(cli("canary", "status", "--json"))
+    assert status["lb_url"] == f"http://127.0.0.1:{router_port}"
+    lb_get(status["lb_url"], 100)
+    status = json.loads(cli("canary", "status", "--json"))
+    served = {r["role"]: r for r in status["releases"]}
+    assert served["canary"]["weight"] == 5 and served["stable"]["weight"] == 95
+    assert 3 <= served["canary"]["requests"] <= 7
+    assert served["stable"]["requests"] + served["canary"]["requests"] == 100
+
+    cli("canary", "rollback")
+    canary_before = served["canary"]["requests"]
+    lb_get(status["lb_url"], 50)
+    status = json.loads(cli("canary", "status", "--json"))
+    assert [r["role"] for r in status["releases"]] == ["stable"]
+    assert json.loads((home / "releases.json").read_text())["canary"] is None
+    assert len(vllm_processes()) == 1
+    # HAProxy's own counter for the canary slot did not move after the rollback.
+    assert status["releases"][0]["requests"] == served["stable"]["requests"] + 50
+    assert canary_before >= 3
+
+    cli("down")
+    assert vllm_processes() == []
+
+
+def test_prefect_artifacts_were_published(prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    key=ArtifactFilterKey(any_=["release-candidates", "release-report"])
+                )
+            )
+
+    import asyncio
+
+    artifacts = asyncio.run(read())
+    assert {a.key for a in artifacts} == {"release-candidates", "release-report"}

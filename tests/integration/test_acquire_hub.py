@@ -1,0 +1,81 @@
+"""The acquire stage against a real HTTP hub on 127.0.0.1, through the real huggingface_hub."""
+
+import json
+
+import pytest
+
+from llm_release.acquire import acquire, check_repo_contract
+from llm_release.config import SourceConfig
+from llm_release.errors import AcquireError, ConfigError, IntegrityError
+from tests.helpers import TINY_REPO
+
+pytestmark = pytest.mark.integration
+
+
+def snapshot_dir(hub_root, commit=None):
+    repo = hub_root / TINY_REPO
+    commit = commit or json.loads((repo / "refs.json").read_text())["main"]
+    return repo / "commits" / commit
+
+
+def test_download_is_pinned_verified_and_reused(home, hub, hub_root):
+    acquired = acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
+    assert acquired.commit == json.loads((hub_root / TINY_REPO / "refs.json").read_text())["main"]
+    assert acquired.model_dir.name == acquired.commit and not acquired.reused
+    check_repo_contract(acquired.model_dir)
+    manifest = json.loads(acquired.manifest_path.read_text())
+    shards = [f for f in manifest["files"] if f["path"].endswith(".safetensors")]
+    assert len(shards) >= 2 and all(f["lfs"] and len(f["sha256"]) == 64 for f in shards)
+    again = acquire(SourceConfig(repo_id=TINY_REPO, revision=acquired.commit, endpoint=hub.url))
+    assert again.reused and again.downloaded_bytes == 0
+
+
+def test_flipped_byte_on_the_hub_is_never_used(home, hub, hub_root):
+    shard = sorted(snapshot_dir(hub_root).glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError) as info:
+        acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
+    assert shard.name in str(info.value) and "sha256" in str(info.value)
+    model_dirs = list((home / "models").rglob(shard.name))
+    assert model_dirs == [], "a corrupt shard was left where a later stage could read it"
+    assert not list((home / "models").rglob("*.manifest.json"))
+
+
+def test_locally_corrupted_file_is_fetched_again(home, hub):
+    acquired = acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
+    shard = sorted(acquired.model_dir.glob("*.safetensors"))[0]
+    good = shard.read_bytes()
+    shard.write_bytes(b"\0" * len(good))
+    again = acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
+    assert not again.reused and again.downloaded_bytes == len(good)
+    assert shard.read_bytes() == good
+
+
+def test_unknown_revision_and_repo_are_clear(home, hub):
+    with pytest.raises(AcquireError, match="revision 'v9' does not exist"):
+        acquire(SourceConfig(repo_id=TINY_REPO, revision="v9", endpoint=hub.url))
+    with pytest.raises(AcquireError, match="was not found"):
+        acquire(SourceConfig(repo_id="nobody/nothing", endpoint=hub.url))
+
+
+def test_missing_tokenizer_breaks_the_contract(home, hub_root, tiny_model_dir, tmp_path):
+    from llm_release.hub_server import HubServer, publish_repo
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in tiny_model_dir.iterdir():
+        if not f.name.startswith("tokenizer"):
+            (broken / f.name).write_bytes(f.read_bytes())
+    publish_repo(hub_root, "tests/no-tokenizer", broken)
+    with HubServer(hub_root) as server:
+        acquired = acquire(SourceConfig(repo_id="tests/no-tokenizer", endpoint=server.url))
+    with pytest.raises(AcquireError, match="tokenizer"):
+        check_repo_contract(acquired.model_dir)
+
+
+def test_paths_with_spaces_are_refused(monkeypatch, hub, tmp_path):
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "my models"))
+    with pytest.raises(ConfigError, match="spaces"):
+        acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))

@@ -1,0 +1,51 @@
+import pytest
+from pydantic import ValidationError
+
+from llm_release.config import CandidateConfig, LoadProfile, ReleaseConfig, ServingConfig
+
+
+def test_unknown_keys_are_rejected():
+    with pytest.raises(ValidationError, match="max_model_lenn"):
+        ServingConfig.model_validate({"max_model_lenn": 1024})
+
+
+def test_repo_id_must_be_owner_slash_name():
+    with pytest.raises(ValidationError, match="owner/name"):
+        ReleaseConfig.model_validate({"source": {"repo_id": "just-a-name"}})
+
+
+def test_candidate_names_unique_and_baseline_reserved():
+    with pytest.raises(ValidationError, match="repeated"):
+        ReleaseConfig.model_validate(
+            {
+                "source": {"repo_id": "a/b"},
+                "candidates": [
+                    {"name": "x", "scheme": "FP8_DYNAMIC"},
+                    {"name": "x", "scheme": "W4A16_AWQ"},
+                ],
+            }
+        )
+    with pytest.raises(ValidationError, match="reserved"):
+        ReleaseConfig.model_validate(
+            {
+                "source": {"repo_id": "a/b"},
+                "candidates": [{"name": "baseline", "scheme": "FP8_DYNAMIC"}],
+            }
+        )
+
+
+def test_unknown_scheme_lists_valid_ones():
+    with pytest.raises(ValidationError) as info:
+        CandidateConfig(name="x", scheme="INT3")
+    assert "FP8_DYNAMIC" in str(info.value) and "W4A16_AWQ" in str(info.value)
+
+
+def test_concurrencies_sorted_and_positive():
+    assert LoadProfile(concurrencies=[4, 1, 4]).concurrencies == [1, 4]
+    with pytest.raises(ValidationError):
+        LoadProfile(concurrencies=[0])
+
+
+def test_defaults_build_two_quantized_candidates():
+    config = ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}})
+    assert [c.scheme for c in config.candidates] == ["FP8_DYNAMIC", "W4A16_AWQ"]
