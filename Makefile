@@ -50,7 +50,7 @@ prefect-up: setup
 demo: hub-up prefect-up
 	@start=$$(date +%s); \
 	PREFECT_API_URL=$(PREFECT_API) HF_ENDPOINT=$(HUB_URL) $(PY) -m flows.release \
-	  --hub-endpoint $(HUB_URL) --config configs/demo.json > $(LLM_RELEASE_HOME)/demo-result.json; \
+	  --hub-endpoint $(HUB_URL) --config configs/demo.json --output $(LLM_RELEASE_HOME)/demo-result.json; \
 	rc=$$?; end=$$(date +%s); \
 	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	report=$$(jq -r .report $(LLM_RELEASE_HOME)/demo-result.json); \

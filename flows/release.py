@@ -23,6 +23,7 @@ from llm_release.config import (
     SourceConfig,
 )
 from llm_release.demo_model import DEMO_REPO_ID
+from llm_release.fileio import atomic_write_text
 from llm_release.preflight import check
 from llm_release.promote import DeployTarget, default_router_port
 from llm_release.quantize import Quantized
@@ -193,13 +194,17 @@ def main() -> None:
     parser.add_argument("--revision", default="main")
     parser.add_argument("--hub-endpoint", default=None)
     parser.add_argument("--config", type=Path, help="JSON file with flow parameters")
+    parser.add_argument("--output", type=Path, help="write the flow's result (JSON) here")
     args = parser.parse_args()
     params = json.loads(args.config.read_text()) if args.config else {}
     params.setdefault("repo_id", args.repo_id)
     params.setdefault("revision", args.revision)
     if args.hub_endpoint:
         params.setdefault("hub_endpoint", args.hub_endpoint)
-    print(json.dumps(release(**params), indent=2, default=str))
+    outcome = json.dumps(release(**params), indent=2, default=str)
+    if args.output:
+        atomic_write_text(args.output, outcome + "\n")
+    print(outcome)
 
 
 if __name__ == "__main__":

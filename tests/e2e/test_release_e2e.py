@@ -114,6 +114,12 @@ def test_release_end_to_end(prefect_api, home, hub):
     assert status["releases"][0]["requests"] == served["stable"]["requests"] + 50
     assert canary_before >= 3
 
+    # The scheduled check sees the released commit and exits without touching a model.
+    from flows.model_update import model_update
+
+    update = model_update(repo_id=TINY_REPO, hub_endpoint=hub.url)
+    assert update == {"status": "up-to-date", "commit": state.stable.commit}
+
     cli("down")
     assert vllm_processes() == []
 

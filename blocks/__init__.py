@@ -1,0 +1,1 @@
+"""Prefect Block classes: configuration and secrets that operators manage in the Prefect UI."""
