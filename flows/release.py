@@ -11,6 +11,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
+from blocks.hub import HubCredentials
 from llm_release import paths, registry
 from llm_release.config import (
     BASELINE,
@@ -51,9 +52,16 @@ def release(
     gates: Gates = Gates(),  # noqa: B008
     canary_weight: int = 5,
     router_port: int | None = None,
+    hub_credentials_block: str | None = None,
 ) -> dict:
-    """Release a model: every candidate is measured, the winner goes out as a canary."""
+    """Release a model: every candidate is measured, the winner goes out as a canary.
+
+    ``hub_credentials_block`` names a saved ``HubCredentials`` block (endpoint + token) for
+    gated repos or a mirror; the token never enters parameters, logs or the report.
+    """
     logger = get_run_logger()
+    if hub_credentials_block:
+        HubCredentials.load(hub_credentials_block).apply()
     config = ReleaseConfig(
         source=SourceConfig(repo_id=repo_id, revision=revision, endpoint=hub_endpoint),
         candidates=candidates,
