@@ -11,7 +11,7 @@ from llm_release.demo_model import DEMO_REPO_ID
 from tasks.acquire import resolve_revision
 
 
-@flow(name="model-update", log_prints=True)
+@flow(name="model-update")
 def model_update(
     repo_id: str = DEMO_REPO_ID,
     revision: str = "main",

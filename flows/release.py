@@ -40,7 +40,7 @@ from tasks.report import publish_report
 DEFAULT_CANDIDATES = ReleaseConfig.model_fields["candidates"].default_factory()
 
 
-@flow(name="release", log_prints=True)
+@flow(name="release")
 def release(
     repo_id: str = DEMO_REPO_ID,
     revision: str = "main",

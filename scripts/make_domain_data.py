@@ -157,13 +157,51 @@ def main() -> None:
                     "passage": text,
                     "question": f"What is the {param[0]} for the {machine}?",
                     "answer": f"{value} {param[1]}",
-                    "tags": [param[0].split()[-1]],
+                    "tags": tags_for(param[0]),
                 }
             )
-    out = ROOT / "eval_sets" / "manufacturing_kb" / "data.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in items))
-    print(f"{len(calibration)} calibration passages, {len(items)} eval items")
+    write_jsonl(ROOT / "eval_sets" / "manufacturing_kb" / "data.jsonl", items)
+
+    # Refusal: the passage covers one parameter, the question asks for another.
+    refusals = []
+    for i, machine in enumerate(EVAL_MACHINES):
+        for k, (stated, asked) in enumerate(rng.sample(PARAMETERS, 2) for _ in range(3)):
+            text, _ = passage(rng, machine, stated)
+            refusals.append(
+                {
+                    "id": f"ref-{len(refusals) + 1:03d}",
+                    "passage_id": f"KB-{2000 + i * 10 + k}",
+                    "passage": text,
+                    "question": f"What is the {asked[0]} for the {machine}?",
+                    "answer": "The passage does not state it.",
+                    "tags": tags_for(asked[0]),
+                }
+            )
+    write_jsonl(ROOT / "eval_sets" / "refusal_kb" / "data.jsonl", refusals)
+    print(
+        f"{len(calibration)} calibration passages, {len(items)} KB items, "
+        f"{len(refusals)} refusal items"
+    )
+
+
+SAFETY = {
+    "spindle bolt torque",
+    "barrel zone 1 temperature",
+    "maximum vibration velocity",
+    "lubrication pressure",
+}
+
+
+def tags_for(parameter: str) -> list[str]:
+    tags = [parameter.split()[-1]]
+    if parameter in SAFETY:
+        tags.append("safety")
+    return tags
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
 
 if __name__ == "__main__":

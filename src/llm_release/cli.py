@@ -84,6 +84,64 @@ def cmd_down(args: argparse.Namespace) -> None:
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 
+def cmd_eval_sets(args: argparse.Namespace) -> int:
+    from . import evalsets, metrics
+
+    root = Path(args.root) if args.root else None
+    if args.action == "new":
+        if not args.name:
+            raise SystemExit("usage: llm-release eval-sets new NAME")
+        target = evalsets.scaffold(args.name, root)
+        print(
+            f"created {target}: edit task.yaml, data.jsonl and README.md, then run "
+            f"'llm-release eval-sets validate {args.name}'"
+        )
+    elif args.action == "validate":
+        names = [args.name] if args.name else evalsets.available(root)
+        calibration = evalsets.calibration_texts()
+        failed = 0
+        for name in names:
+            try:
+                summary = evalsets.validate(name, root, calibration)
+            except ReleaseError as exc:
+                failed += 1
+                print(f"FAIL {name}: {exc}")
+                continue
+            print(
+                f"ok   {name}: {summary['items']} items, metrics {', '.join(summary['metrics'])}"
+                f", tags {', '.join(summary['tags']) or '-'}"
+            )
+        return 1 if failed else 0
+    elif args.action == "list":
+        rows = evalsets.describe(root)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        for row in rows:
+            if "error" in row:
+                print(f"{row['name']:<20} INVALID: {row['error']}")
+                continue
+            gates = "; ".join(
+                f"{m} min {g['min_score']} drop<= {g['max_drop']}" for m, g in row["gates"].items()
+            )
+            slices = "; ".join(
+                f"[{s['tag']}] {s['metric']} drop<= {s['max_drop']}" for s in row["slice_gates"]
+            )
+            print(
+                f"{row['name']:<20} v{row['version']} {row['items']:>4} items  "
+                f"owner: {row['owner']}  {'critical' if row['critical'] else 'non-critical'}"
+                f"\n{'':<20} gates: {gates}" + (f"; slices: {slices}" if slices else "")
+            )
+    elif args.action == "metrics":
+        for metric in metrics.REGISTRY.values():
+            direction = "higher is better" if metric.higher_is_better else "lower is better"
+            print(
+                f"{metric.name:<20} {direction:<17} needs {', '.join(metric.needs):<18} "
+                f"{metric.description}"
+            )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-release", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--branch", default="main")
     hub.set_defaults(func=cmd_hub)
 
+    sets = sub.add_parser("eval-sets", help="create, validate and list eval sets")
+    sets.add_argument("action", choices=["new", "validate", "list", "metrics"])
+    sets.add_argument("name", nargs="?")
+    sets.add_argument("--root", help="eval-sets folder (default: eval_sets/ of the project)")
+    sets.add_argument("--json", action="store_true")
+    sets.set_defaults(func=cmd_eval_sets)
+
     down = sub.add_parser("down", help="stop every server the project started")
     down.set_defaults(func=cmd_down)
     return parser
@@ -116,11 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        return args.func(args) or 0
     except ReleaseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

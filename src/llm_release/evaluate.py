@@ -5,42 +5,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from . import metrics, paths
 from .errors import EvalError
+from .evalsets import EvalSet, load_eval_set, load_items
 from .fileio import atomic_write_text
-from .results import EvalResult, MetricScore
+from .results import EvalResult, ItemResult, MetricScore
+from .stats import bootstrap_mean_ci
 
 log = logging.getLogger(__name__)
-
-# Keys of an lm-eval task YAML that an eval set may use. Anything else is refused, and
-# with it every way of importing code (process_results, !function, custom filters).
-ALLOWED_TASK_KEYS = {
-    "task",
-    "tag",
-    "dataset_path",
-    "dataset_kwargs",
-    "test_split",
-    "output_type",
-    "doc_to_text",
-    "doc_to_target",
-    "metric_list",
-    "metadata",
-    "description",
-}
-
-
-@dataclass
-class EvalSet:
-    name: str
-    directory: Path
-    task: dict
-    data_path: Path
-    metric_names: list[str]
 
 
 def load_decoding(path: Path | None = None) -> dict:
@@ -56,62 +32,13 @@ def load_decoding(path: Path | None = None) -> dict:
     return decoding
 
 
-def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
-    root = root or paths.eval_sets_dir()
-    directory = root / name
-    task_path = directory / "task.yaml"
-    if not task_path.exists():
-        available = (
-            sorted(
-                p.name
-                for p in root.iterdir()
-                if (p / "task.yaml").exists() and not p.name.startswith("_")
-            )
-            if root.exists()
-            else []
-        )
-        raise EvalError(
-            f"eval set {name!r} not found ({task_path} does not exist)",
-            hint=f"available eval sets: {', '.join(available) or 'none'}",
-        )
-    try:
-        task = yaml.safe_load(task_path.read_text())
-    except yaml.YAMLError as exc:
-        raise EvalError(
-            f"{task_path}: not valid YAML (code tags such as !function are not allowed): {exc}"
-        ) from exc
-    if not isinstance(task, dict):
-        raise EvalError(f"{task_path}: expected a mapping at the top level")
-    unknown = set(task) - ALLOWED_TASK_KEYS
-    if unknown:
-        raise EvalError(
-            f"{task_path}: keys not allowed in an eval set: {sorted(unknown)}",
-            hint=f"allowed keys: {', '.join(sorted(ALLOWED_TASK_KEYS))}",
-        )
-    if task.get("task") != name:
-        raise EvalError(f"{task_path}: 'task' must equal the folder name {name!r}")
-    data_files = (task.get("dataset_kwargs") or {}).get("data_files") or {}
-    split = task.get("test_split", "test")
-    relative = data_files.get(split)
-    if not relative:
-        raise EvalError(f"{task_path}: dataset_kwargs.data_files.{split} is required")
-    data_path = (directory / relative).resolve()
-    if directory.resolve() not in data_path.parents or not data_path.exists():
-        raise EvalError(f"{task_path}: data file {relative!r} must exist inside {directory}")
-    metric_names = [m.get("metric") for m in task.get("metric_list") or []]
-    if not metric_names:
-        raise EvalError(f"{task_path}: metric_list is empty")
-    for metric_name in metric_names:
-        try:
-            metrics.get(metric_name)
-        except KeyError as exc:
-            raise EvalError(f"{task_path}: {exc.args[0]}") from None
-    return EvalSet(name, directory, task, data_path, metric_names)
-
-
 def task_config(eval_set: EvalSet, decoding: dict) -> dict:
     """The lm-eval task dict: absolute data path, fixed decoding, our metric functions."""
-    config = json.loads(json.dumps(eval_set.task))
+    config = {
+        k: v
+        for k, v in json.loads(json.dumps(eval_set.task)).items()
+        if k not in ("gates", "include")
+    }
     config["dataset_kwargs"]["data_files"] = {
         config.get("test_split", "test"): str(eval_set.data_path)
     }
@@ -126,8 +53,7 @@ def task_config(eval_set: EvalSet, decoding: dict) -> dict:
 
     def process_results(doc: dict, results: list[str]) -> dict[str, float]:
         answer = results[0] if results else ""
-        reference = str(doc.get("answer", ""))
-        return {m.name: m.score(reference, answer) for m in scorers}
+        return {m.name: m.score(doc, answer) for m in scorers}
 
     config["process_results"] = process_results
     config["metric_list"] = [
@@ -135,6 +61,14 @@ def task_config(eval_set: EvalSet, decoding: dict) -> dict:
         for m in scorers
     ]
     return config
+
+
+def _prompt_text(sample: dict) -> str:
+    try:
+        messages = json.loads(sample["arguments"][0][0])
+        return "\n".join(m.get("content", "") for m in messages)
+    except (KeyError, IndexError, TypeError, json.JSONDecodeError):
+        return str((sample.get("arguments") or [[""]])[0][0])
 
 
 def run_evaluation(
@@ -145,6 +79,7 @@ def run_evaluation(
     *,
     num_concurrent: int = 4,
     limit: int | None = None,
+    bootstrap_iters: int = 2000,
 ) -> list[EvalResult]:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -152,6 +87,8 @@ def run_evaluation(
 
     decoding = load_decoding()
     sets = [load_eval_set(n) for n in eval_set_names]
+    for eval_set in sets:
+        load_items(eval_set)
     tasks = [task_config(s, decoding) for s in sets]
     try:
         output = simple_evaluate(
@@ -168,7 +105,7 @@ def run_evaluation(
             apply_chat_template=True,
             limit=limit,
             log_samples=True,
-            bootstrap_iters=1000,
+            bootstrap_iters=0,
         )
     except Exception as exc:
         raise EvalError(
@@ -178,42 +115,44 @@ def run_evaluation(
     results = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for eval_set in sets:
-        scores = output["results"][eval_set.name]
-        samples = output.get("samples", {}).get(eval_set.name, [])
-        samples_path = out_dir / f"{eval_set.name}.samples.jsonl"
-        atomic_write_text(
-            samples_path,
-            "".join(
-                json.dumps(
-                    {
-                        "id": s["doc"].get("id"),
-                        "prompt": s["arguments"][0][0] if s.get("arguments") else None,
-                        "reference": s["doc"].get("answer"),
-                        "answer": (s.get("filtered_resps") or [""])[0],
-                        **{m: s.get(m) for m in eval_set.metric_names},
-                    },
-                    ensure_ascii=False,
-                    default=str,
-                )
-                + "\n"
-                for s in samples
-            ),
+        samples = sorted(
+            output.get("samples", {}).get(eval_set.name, []), key=lambda s: s.get("doc_id", 0)
         )
+        items = [
+            ItemResult(
+                id=str(s["doc"].get("id")),
+                tags=list(s["doc"].get("tags") or []),
+                scores={m: float(s.get(m, 0.0)) for m in eval_set.metric_names},
+                prompt=_prompt_text(s),
+                reference=str(s["doc"].get("answer", "")),
+                answer=str((s.get("filtered_resps") or [""])[0]),
+            )
+            for s in samples
+        ]
+        samples_path = out_dir / f"{eval_set.name}.samples.jsonl"
+        atomic_write_text(samples_path, "".join(item.model_dump_json() + "\n" for item in items))
         metric_scores = {}
         for name in eval_set.metric_names:
-            value = scores.get(f"{name},none")
-            stderr = scores.get(f"{name}_stderr,none")
+            values = [item.scores[name] for item in items]
+            mean, low, high, stderr = bootstrap_mean_ci(
+                values, confidence=eval_set.gates.confidence, iters=bootstrap_iters
+            )
             metric_scores[name] = MetricScore(
-                value=float(value),
-                stderr=float(stderr) if isinstance(stderr, (int, float)) else None,
+                value=mean,
+                stderr=stderr,
+                ci_low=low,
+                ci_high=high,
                 higher_is_better=metrics.get(name).higher_is_better,
             )
         results.append(
             EvalResult(
                 eval_set=eval_set.name,
-                num_items=len(samples),
+                version=eval_set.task["metadata"]["version"],
+                num_items=len(items),
                 metrics=metric_scores,
                 decoding=decoding,
+                gates=eval_set.gates.model_dump(),
+                items=items,
                 samples_path=str(samples_path),
             )
         )

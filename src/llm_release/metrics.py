@@ -1,7 +1,8 @@
 """Business metrics for eval sets, referenced by name from eval-set YAML.
 
 Eval-set folders hold data only; the code that scores an answer lives here, so a data
-folder can never run code inside the pipeline.
+folder can never run code inside the pipeline. Every metric sees the whole item (``doc``)
+and the model's answer, and declares whether higher is better.
 """
 
 from __future__ import annotations
@@ -10,36 +11,96 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-NUMBER = re.compile(r"-?\d+(?:[.,]\d+)?")
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:[.,]\d+)?")
+# A number followed by its unit: "85 N·m", "9 %", "240 °C", "3250 hours".
+NUMBER_WITH_UNIT = re.compile(r"(-?\d+(?:[.,]\d+)?)\s*(%|°\s?[CF]|[A-Za-zµ·/]+)?")
+REFUSAL = re.compile(
+    r"(?i)\b(not (stated|given|specified|mentioned|provided|in the passage|contain)|"
+    r"does not (state|say|give|specify|mention|contain|include)|no information|"
+    r"cannot (find|answer|determine)|can't (find|answer|determine)|unknown|not available)"
+)
+
+
+def _num(text: str) -> float:
+    return float(text.replace(",", "."))
 
 
 def numbers_in(text: str) -> list[float]:
-    return [float(n.replace(",", ".")) for n in NUMBER.findall(text or "")]
+    return [_num(n) for n in NUMBER.findall(text or "")]
 
 
-def numeric_match(reference: str, answer: str) -> float:
+def _unit(text: str | None) -> str:
+    return re.sub(r"\s+", "", (text or "")).casefold()
+
+
+def numbers_with_units_in(text: str) -> list[tuple[float, str]]:
+    return [(_num(n), _unit(u)) for n, u in NUMBER_WITH_UNIT.findall(text or "")]
+
+
+def _source_text(doc: dict) -> str:
+    # The passage id is quoted in citations; its digits are not an invented value.
+    return " ".join(str(doc.get(k, "")) for k in ("passage", "question", "context", "passage_id"))
+
+
+def invented_numbers(doc: dict, answer: str) -> list[float]:
+    """Numbers in the answer that appear nowhere in the passage or the question."""
+    allowed = set(numbers_in(_source_text(doc)))
+    return [n for n in numbers_in(answer) if n not in allowed]
+
+
+def numeric_match(doc: dict, answer: str) -> float:
     """1.0 when every number of the reference appears among the answer's numbers."""
-    wanted = numbers_in(reference)
+    wanted = numbers_in(str(doc.get("answer", "")))
     if not wanted:
         return 0.0
     found = numbers_in(answer)
-    return float(all(any(abs(w - f) < 1e-9 for f in found) for w in wanted))
+    return float(all(w in found for w in wanted))
 
 
-def exact_match(reference: str, answer: str) -> float:
-    return float(reference.strip().casefold() == (answer or "").strip().casefold())
+def numbers_with_units(doc: dict, answer: str) -> float:
+    """Every number of the reference appears with its unit, and no number is invented."""
+    wanted = [(n, u) for n, u in numbers_with_units_in(str(doc.get("answer", "")))]
+    if not wanted:
+        return 0.0
+    found = numbers_with_units_in(answer)
+    for number, unit in wanted:
+        if not any(n == number and (not unit or u.startswith(unit)) for n, u in found):
+            return 0.0
+    return float(not invented_numbers(doc, answer))
 
 
-def contains(reference: str, answer: str) -> float:
-    return float(reference.strip().casefold() in (answer or "").casefold())
+def cites_source(doc: dict, answer: str) -> float:
+    """The answer names the passage id it was given (e.g. KB-1003)."""
+    passage_id = str(doc.get("passage_id", "")).strip()
+    return float(bool(passage_id) and passage_id.casefold() in (answer or "").casefold())
+
+
+def refusal(doc: dict, answer: str) -> float:
+    """The answer says the passage does not hold the value, and invents no number."""
+    return float(bool(REFUSAL.search(answer or "")) and not invented_numbers(doc, answer))
+
+
+def exact_match(doc: dict, answer: str) -> float:
+    return float(str(doc.get("answer", "")).strip().casefold() == (answer or "").strip().casefold())
+
+
+def contains(doc: dict, answer: str) -> float:
+    return float(str(doc.get("answer", "")).strip().casefold() in (answer or "").casefold())
+
+
+def regex_match(doc: dict, answer: str) -> float:
+    """The item's ``answer_regex`` (or its reference, read as a regex) matches the answer."""
+    pattern = doc.get("answer_regex") or str(doc.get("answer", ""))
+    return float(re.search(pattern, answer or "", flags=re.IGNORECASE) is not None)
 
 
 @dataclass(frozen=True)
 class Metric:
     name: str
-    score: Callable[[str, str], float]
-    higher_is_better: bool = True
-    description: str = ""
+    score: Callable[[dict, str], float]
+    higher_is_better: bool
+    description: str
+    needs: tuple[str, ...] = ("answer",)
 
 
 REGISTRY: dict[str, Metric] = {
@@ -51,8 +112,35 @@ REGISTRY: dict[str, Metric] = {
             True,
             "every number of the reference appears in the answer",
         ),
+        Metric(
+            "numbers_with_units",
+            numbers_with_units,
+            True,
+            "every number of the reference appears with its unit; no number is invented",
+            ("answer", "passage"),
+        ),
+        Metric(
+            "cites_source",
+            cites_source,
+            True,
+            "the answer cites the passage id it was given",
+            ("passage_id",),
+        ),
+        Metric(
+            "refusal",
+            refusal,
+            True,
+            "the answer says the passage lacks the value and invents no number",
+            ("passage",),
+        ),
         Metric("exact_match", exact_match, True, "answer equals the reference (case-folded)"),
         Metric("contains", contains, True, "the reference appears inside the answer"),
+        Metric(
+            "regex_match",
+            regex_match,
+            True,
+            "answer_regex (or the reference as a regex) matches the answer",
+        ),
     )
 }
 

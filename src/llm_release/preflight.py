@@ -8,7 +8,8 @@ import socket
 from . import paths
 from .config import ReleaseConfig
 from .errors import ConfigError, RouterError, ServeError
-from .evaluate import load_decoding, load_eval_set
+from .evalsets import load_eval_set, load_items
+from .evaluate import load_decoding
 from .promote import ensure_no_canary, router_for
 from .quantize import load_calibration_texts
 from .registry import load
@@ -17,7 +18,7 @@ from .registry import load
 def check(config: ReleaseConfig, router_port: int) -> None:
     load_decoding()
     for name in config.evaluation.eval_sets:
-        load_eval_set(name)
+        load_items(load_eval_set(name))
     for candidate in config.candidates:
         if candidate.scheme == "W4A16_AWQ":
             texts = load_calibration_texts(candidate.calibration_set)

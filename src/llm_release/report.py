@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .config import BASELINE
 from .fileio import atomic_write_text
-from .results import CandidateResult, Decision
+from .results import CandidateResult, Decision, EvalResult
+from .select import paired
+from .stats import bootstrap_mean_ci
+
+DISAGREEMENTS_SHOWN = 3
 
 
 def _fmt(value: float | None, spec: str = ".1f") -> str:
@@ -77,6 +82,7 @@ def render_markdown(
         for row in rows:
             lines.append("| " + " | ".join(str(row.get(h, "—")) for h in headers) + " |")
         lines.append("")
+    lines += quality_section(results)
     lines += ["## Gates", ""]
     for verdict in decision.verdicts:
         mark = "eligible" if verdict.eligible else "NOT eligible"
@@ -131,3 +137,92 @@ def write_run_files(run_dir: Path, markdown: str, payload: dict) -> dict[str, st
     atomic_write_text(report_md, markdown)
     atomic_write_text(report_json, json.dumps(payload, indent=2, default=str) + "\n")
     return {"markdown": str(report_md), "json": str(report_json)}
+
+
+def _slice_score(ev: EvalResult, metric: str, tag: str | None, confidence: float) -> str:
+    values = [i.scores.get(metric, 0.0) for i in ev.items if tag is None or tag in i.tags]
+    if not values:
+        return "—"
+    mean, low, high, _ = bootstrap_mean_ci(values, confidence=confidence)
+    return f"{mean:.3f} [{low:.2f}, {high:.2f}] (n={len(values)})"
+
+
+def quality_section(results: list[CandidateResult]) -> list[str]:
+    """Per eval set and slice: every candidate's score with its interval, the paired
+    difference versus the baseline, and items where a candidate and the baseline disagree."""
+    baseline = next((r for r in results if r.name == BASELINE and r.evals), None)
+    if baseline is None:
+        return []
+    others = [r for r in results if r.name != BASELINE and r.evals]
+    lines = ["## Quality (per eval set and slice)", ""]
+    for base_ev in baseline.evals:
+        confidence = float(base_ev.gates.get("confidence", 0.95)) if base_ev.gates else 0.95
+        critical = base_ev.gates.get("critical", True) if base_ev.gates else True
+        lines += [
+            f"### {base_ev.eval_set} (version {base_ev.version}, "
+            f"{'critical' if critical else 'non-critical'}, decoding v"
+            f"{base_ev.decoding.get('version')}, {confidence:.0%} intervals)",
+            "",
+        ]
+        header = ["slice", "metric", "baseline"] + [r.name for r in others]
+        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        tags = sorted({t for item in base_ev.items for t in item.tags})
+        for tag in [None, *tags]:
+            for metric in base_ev.metrics:
+                row = [tag or "all", metric, _slice_score(base_ev, metric, tag, confidence)]
+                for other in others:
+                    ev = next((e for e in other.evals if e.eval_set == base_ev.eval_set), None)
+                    if ev is None:
+                        row.append("—")
+                        continue
+                    p = paired(
+                        base_ev,
+                        ev,
+                        metric,
+                        confidence=confidence,
+                        tag=tag,
+                        higher_is_better=ev.metrics[metric].higher_is_better,
+                    )
+                    row.append(
+                        f"{p.cand_score:.3f}, drop {p.drop:+.3f} "
+                        f"[{p.ci_low:+.2f}, {p.ci_high:+.2f}]"
+                    )
+                lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+        metric = next(iter(base_ev.metrics))
+        base_items = {i.id: i for i in base_ev.items}
+        for other in others:
+            ev = next((e for e in other.evals if e.eval_set == base_ev.eval_set), None)
+            if ev is None:
+                continue
+            disagree = [
+                i
+                for i in ev.items
+                if i.id in base_items
+                and i.scores.get(metric) != base_items[i.id].scores.get(metric)
+            ]
+            if not disagree:
+                continue
+            lines += [
+                f"**{other.name} vs baseline on `{metric}`: {len(disagree)} items "
+                f"disagree** (first {min(len(disagree), DISAGREEMENTS_SHOWN)}):",
+                "",
+                "| item | prompt | reference | baseline answer | candidate answer |",
+                "|---|---|---|---|---|",
+            ]
+            for item in disagree[:DISAGREEMENTS_SHOWN]:
+                base_item = base_items[item.id]
+                cells = [
+                    item.id,
+                    item.prompt[-160:],
+                    item.reference,
+                    f"{base_item.answer} ({base_item.scores.get(metric):g})",
+                    f"{item.answer} ({item.scores.get(metric):g})",
+                ]
+                lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+            lines.append("")
+    return lines
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")

@@ -14,14 +14,30 @@ class Record(BaseModel):
 class MetricScore(Record):
     value: float
     stderr: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
     higher_is_better: bool = True
+
+
+class ItemResult(Record):
+    """One item's outcome, kept so candidates can be compared with the baseline item by item."""
+
+    id: str
+    tags: list[str] = Field(default_factory=list)
+    scores: dict[str, float]
+    prompt: str = ""
+    reference: str = ""
+    answer: str = ""
 
 
 class EvalResult(Record):
     eval_set: str
+    version: str | float | int | None = None
     num_items: int
     metrics: dict[str, MetricScore]
     decoding: dict[str, object] = Field(default_factory=dict)
+    gates: dict = Field(default_factory=dict, description="the set's gate spec, as applied")
+    items: list[ItemResult] = Field(default_factory=list)
     samples_path: str | None = None
 
 
@@ -61,6 +77,11 @@ class GateVerdict(Record):
     value: float | None
     threshold: float | None
     detail: str
+    blocking: bool = True
+    ci_low: float | None = None
+    ci_high: float | None = None
+    flipped_worse: list[str] = Field(default_factory=list)
+    flipped_better: list[str] = Field(default_factory=list)
 
 
 class CandidateVerdict(Record):

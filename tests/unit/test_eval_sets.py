@@ -1,3 +1,5 @@
+"""Eval sets as data: every set in the repo validates; each kind of mistake gets its own error."""
+
 import json
 import shutil
 from pathlib import Path
@@ -5,92 +7,178 @@ from pathlib import Path
 import pytest
 
 from llm_release import paths
+from llm_release.cli import main as cli
 from llm_release.errors import EvalError
-from llm_release.evaluate import load_decoding, load_eval_set, task_config
+from llm_release.evalsets import (
+    EvalSetError,
+    available,
+    describe,
+    load_eval_set,
+    scaffold,
+    validate,
+)
+from llm_release.evaluate import load_decoding, task_config
 
 
-def test_every_eval_set_in_the_repo_loads():
-    names = [
-        p.name
-        for p in paths.eval_sets_dir().iterdir()
-        if (p / "task.yaml").exists() and not p.name.startswith("_")
-    ]
-    assert "manufacturing_kb" in names
-    decoding = load_decoding()
-    for name in names:
-        eval_set = load_eval_set(name)
-        config = task_config(eval_set, decoding)
-        assert Path(config["dataset_kwargs"]["data_files"]["test"]).is_absolute()
-        assert config["generation_kwargs"]["temperature"] == decoding["temperature"]
+@pytest.mark.parametrize("name", available())
+def test_every_eval_set_in_the_repo_validates(name):
+    summary = validate(name)
+    assert summary["items"] > 0
+    config = task_config(load_eval_set(name), load_decoding())
+    assert Path(config["dataset_kwargs"]["data_files"]["test"]).is_absolute()
+    assert "gates" not in config and callable(config["process_results"])
 
 
-def test_process_results_scores_with_the_registered_metric():
+def test_the_repo_has_both_business_sets():
+    assert {"manufacturing_kb", "refusal_kb"} <= set(available())
+
+
+def test_process_results_scores_with_the_registered_metrics():
     config = task_config(load_eval_set("manufacturing_kb"), load_decoding())
-    doc = {"answer": "85 N·m"}
-    assert config["process_results"](doc, ["It is 85 N·m."]) == {"numeric_match": 1.0}
-    assert config["process_results"](doc, ["It is 80 N·m."]) == {"numeric_match": 0.0}
+    doc = {"answer": "85 N·m", "passage": "Tighten to 85 N·m.", "passage_id": "KB-1"}
+    assert config["process_results"](doc, ["It is 85 N·m [KB-1]."]) == {
+        "numeric_match": 1.0,
+        "numbers_with_units": 1.0,
+        "cites_source": 1.0,
+    }
+    assert config["process_results"](doc, ["It is 80 N·m."])["numeric_match"] == 0.0
 
 
 @pytest.fixture()
-def sets_root(tmp_path):
+def root(tmp_path):
     root = tmp_path / "eval_sets"
-    shutil.copytree(paths.eval_sets_dir() / "manufacturing_kb", root / "kb2")
-    text = (root / "kb2" / "task.yaml").read_text().replace("task: manufacturing_kb", "task: kb2")
-    (root / "kb2" / "task.yaml").write_text(text)
+    shutil.copytree(paths.eval_sets_dir(), root)
+    scaffold("kb2", root)
+    shutil.copy(root / "manufacturing_kb" / "data.jsonl", root / "kb2" / "data.jsonl")
     return root
 
 
-def edit(root: Path, old: str, new: str) -> None:
-    path = root / "kb2" / "task.yaml"
-    assert old in path.read_text()
+def edit(path: Path, old: str, new: str) -> None:
+    assert old in path.read_text(), old
     path.write_text(path.read_text().replace(old, new))
 
 
-def test_copied_set_loads(sets_root):
-    assert load_eval_set("kb2", sets_root).name == "kb2"
+def rewrite_item(root: Path, line: int, **changes) -> None:
+    data = root / "kb2" / "data.jsonl"
+    rows = data.read_text().splitlines()
+    item = json.loads(rows[line - 1])
+    for key, value in changes.items():
+        if value is None:
+            item.pop(key, None)
+        else:
+            item[key] = value
+    rows[line - 1] = json.dumps(item)
+    data.write_text("\n".join(rows) + "\n")
 
 
-def test_unknown_metric(sets_root):
-    edit(sets_root, "metric: numeric_match", "metric: bleu")
-    with pytest.raises(EvalError, match="unknown metric 'bleu'"):
-        load_eval_set("kb2", sets_root)
+def test_scaffolded_set_validates(root):
+    assert validate("kb2", root, calibration=[])["items"] == 40
 
 
-def test_code_tags_are_refused(sets_root):
-    path = sets_root / "kb2" / "task.yaml"
-    path.write_text(path.read_text() + "process_results: !function utils.process\n")
-    with pytest.raises(EvalError, match="!function"):
-        load_eval_set("kb2", sets_root)
+def test_missing_field_points_at_the_data_line(root):
+    rewrite_item(root, 7, passage_id=None)
+    with pytest.raises(EvalSetError) as info:
+        validate("kb2", root, calibration=[])
+    assert info.value.line == 7 and info.value.field == "passage_id"
+    assert "data.jsonl:7" in str(info.value)
 
 
-def test_unknown_key_is_refused(sets_root):
-    path = sets_root / "kb2" / "task.yaml"
-    path.write_text(path.read_text() + "filter_list: []\n")
-    with pytest.raises(EvalError, match="filter_list"):
-        load_eval_set("kb2", sets_root)
+def test_unknown_metric(root):
+    edit(root / "kb2" / "task.yaml", "- metric: numeric_match", "- metric: bleu")
+    with pytest.raises(EvalSetError, match="unknown metric 'bleu'") as info:
+        load_eval_set("kb2", root)
+    assert info.value.field == "metric_list.metric" and info.value.line is not None
 
 
-def test_data_file_must_exist_inside_the_folder(sets_root):
-    edit(sets_root, "test: data.jsonl", "test: ../../etc/passwd")
-    with pytest.raises(EvalError, match="must exist inside"):
-        load_eval_set("kb2", sets_root)
+def test_duplicate_id(root):
+    rewrite_item(root, 5, id="mkb-001")
+    with pytest.raises(EvalSetError, match="duplicate id 'mkb-001' .first on line 1") as info:
+        validate("kb2", root, calibration=[])
+    assert info.value.line == 5
 
 
-def test_missing_set_lists_available(sets_root):
-    with pytest.raises(EvalError) as info:
-        load_eval_set("nope", sets_root)
-    assert "kb2" in str(info.value)
+def test_broken_template(root):
+    edit(root / "kb2" / "task.yaml", "Question: {{question}}", "Question: {{question}")
+    with pytest.raises(EvalSetError, match="broken template") as info:
+        validate("kb2", root, calibration=[])
+    assert info.value.field == "doc_to_text"
 
 
-def test_eval_items_do_not_overlap_calibration():
-    calibration = {
+def test_leaked_calibration_item(root):
+    calibration = [
         json.loads(line)["text"]
         for line in (paths.calibration_dir() / "manufacturing_maintenance.jsonl")
         .read_text()
         .splitlines()
-    }
-    for line in (
-        (paths.eval_sets_dir() / "manufacturing_kb" / "data.jsonl").read_text().splitlines()
-    ):
-        passage = json.loads(line)["passage"]
-        assert not any(passage in text for text in calibration)
+    ]
+    leaked = calibration[3].split(". ", 1)[1]
+    rewrite_item(root, 2, passage=leaked)
+    with pytest.raises(EvalSetError, match="calibration set") as info:
+        validate("kb2", root)
+    assert info.value.line == 2 and info.value.field == "passage"
+
+
+def test_code_tags_and_unknown_keys_are_refused(root):
+    task = root / "kb2" / "task.yaml"
+    original = task.read_text()
+    task.write_text(original + "process_results: !function utils.process\n")
+    with pytest.raises(EvalSetError, match="!function"):
+        load_eval_set("kb2", root)
+    task.write_text(original + "filter_list: []\n")
+    with pytest.raises(EvalSetError, match="not allowed") as info:
+        load_eval_set("kb2", root)
+    assert info.value.field == "filter_list" and info.value.line == len(original.splitlines()) + 1
+
+
+def test_gate_naming_an_unscored_metric(root):
+    edit(root / "kb2" / "task.yaml", "numeric_match: {max_drop: 0.05}", "refusal: {max_drop: 0.05}")
+    with pytest.raises(EvalSetError, match="metric_list does not score"):
+        load_eval_set("kb2", root)
+
+
+def test_variant_includes_a_base_yaml(root):
+    variant = root / "kb2_strict"
+    variant.mkdir()
+    shutil.copy(root / "kb2" / "README.md", variant / "README.md")
+    shutil.copy(root / "kb2" / "data.jsonl", variant / "data.jsonl")
+    (variant / "task.yaml").write_text(
+        "include: ../kb2/task.yaml\ntask: kb2_strict\n"
+        "gates:\n  critical: true\n  metrics:\n    numeric_match: {max_drop: 0.0, min_score: 0.5}\n"
+    )
+    eval_set = load_eval_set("kb2_strict", root)
+    assert eval_set.task["doc_to_text"] == load_eval_set("kb2", root).task["doc_to_text"]
+    assert eval_set.gates.critical and eval_set.gates.metrics["numeric_match"].max_drop == 0.0
+    assert validate("kb2_strict", root, calibration=[])["items"] == 40
+
+
+def test_project_defaults_fill_unset_gates(root):
+    (root / "defaults.yaml").write_text("gates:\n  max_drop: 0.2\n  min_score: 0.1\n")
+    edit(root / "kb2" / "task.yaml", "numeric_match: {max_drop: 0.05}", "numeric_match: {}")
+    gate = load_eval_set("kb2", root).gates.metrics["numeric_match"]
+    assert (gate.max_drop, gate.min_score) == (0.2, 0.1)
+
+
+def test_missing_set_lists_available(root):
+    with pytest.raises(EvalError) as info:
+        load_eval_set("nope", root)
+    assert "manufacturing_kb" in str(info.value)
+
+
+def test_cli_new_validate_list(tmp_path, capsys):
+    root = tmp_path / "sets"
+    shutil.copytree(paths.eval_sets_dir(), root)
+    assert cli(["eval-sets", "new", "line_speed", "--root", str(root)]) == 0
+    assert cli(["eval-sets", "validate", "line_speed", "--root", str(root)]) == 0
+    assert cli(["eval-sets", "list", "--json", "--root", str(root)]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out.split("\n", 2)[-1])}
+    assert rows["line_speed"]["items"] == 1 and not rows["line_speed"]["critical"]
+    (root / "line_speed" / "data.jsonl").write_text('{"id": "x"}\n')
+    assert cli(["eval-sets", "validate", "line_speed", "--root", str(root)]) == 1
+    assert "data.jsonl:1: field 'answer'" in capsys.readouterr().out
+
+
+def test_describe_reports_owner_size_and_gates():
+    rows = {r["name"]: r for r in describe()}
+    kb = rows["manufacturing_kb"]
+    assert kb["owner"] and kb["items"] == 40 and kb["critical"]
+    assert kb["slice_gates"][0]["tag"] == "safety"

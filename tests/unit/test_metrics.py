@@ -2,20 +2,58 @@ import pytest
 
 from llm_release import metrics
 
+DOC = {
+    "passage": "Tighten the spindle bolts to 85 N·m. Check every 500 hours.",
+    "question": "What is the spindle bolt torque for the lathe L-200?",
+    "passage_id": "KB-1003",
+    "answer": "85 N·m",
+}
+
 
 @pytest.mark.parametrize(
-    ("reference", "answer", "expected"),
+    ("answer", "numeric", "with_units"),
     [
-        ("85 N·m", "Tighten to 85 N·m.", 1.0),
-        ("85 N·m", "Tighten to 58 N·m.", 0.0),
-        ("2.5 bar", "Set it to 2,5 bar", 1.0),
-        ("3250 hours", "every 3250 hours of operation", 1.0),
-        ("12 mm", "", 0.0),
-        ("no number", "anything 5", 0.0),
+        ("Tighten to 85 N·m.", 1.0, 1.0),
+        ("Tighten to 58 N·m.", 0.0, 0.0),
+        ("85", 1.0, 0.0),  # number without its unit
+        ("85 N·m, or 90 N·m when hot", 1.0, 0.0),  # 90 is invented
+        ("85 N·m; check after 500 hours", 1.0, 1.0),  # 500 is in the passage
+        ("200 L-200 85 N·m", 1.0, 1.0),  # the machine name's number is in the question
+        ("", 0.0, 0.0),
     ],
 )
-def test_numeric_match(reference, answer, expected):
-    assert metrics.numeric_match(reference, answer) == expected
+def test_numbers_and_units(answer, numeric, with_units):
+    assert metrics.numeric_match(DOC, answer) == numeric
+    assert metrics.numbers_with_units(DOC, answer) == with_units
+
+
+def test_decimal_comma_and_percent():
+    doc = {"passage": "Keep it at 2,5 bar and 9 %.", "answer": "2.5 bar"}
+    assert metrics.numbers_with_units(doc, "2,5 bar") == 1.0
+    assert metrics.numbers_with_units({"passage": "9 %", "answer": "9 %"}, "It is 9%.") == 1.0
+
+
+def test_cites_source():
+    assert metrics.cites_source(DOC, "85 N·m [KB-1003]") == 1.0
+    assert metrics.cites_source(DOC, "85 N·m [KB-1004]") == 0.0
+
+
+def test_refusal_requires_saying_so_and_inventing_nothing():
+    doc = {"passage": "Set the air pressure to 6 bar.", "question": "What is the torque?"}
+    assert metrics.refusal(doc, "The passage does not state the torque.") == 1.0
+    assert metrics.refusal(doc, "The torque is 40 N·m.") == 0.0
+    assert metrics.refusal(doc, "Not stated; maybe 40 N·m.") == 0.0
+
+
+def test_exact_contains_regex():
+    doc = {"answer": "85 N·m", "answer_regex": r"8[05]\s*N"}
+    assert metrics.exact_match(doc, " 85 n·m ") == 1.0
+    assert metrics.contains(doc, "use 85 N·m here") == 1.0
+    assert metrics.regex_match(doc, "80 N·m") == 1.0 and metrics.regex_match(doc, "70 N") == 0.0
+
+
+def test_every_metric_declares_its_direction():
+    assert all(isinstance(m.higher_is_better, bool) for m in metrics.REGISTRY.values())
 
 
 def test_unknown_metric_names_the_registered_ones():

@@ -1,0 +1,475 @@
+"""Eval sets that data scientists own: one folder each under ``eval_sets/``.
+
+A folder holds ``README.md`` (purpose, owner, criticality, how the data was made),
+``task.yaml`` (a versioned lm-evaluation-harness task, optionally ``include:``-ing a base
+YAML, plus its ``gates``) and the items as JSONL. Everything here is data: metric names
+resolve to functions in :mod:`llm_release.metrics`, and no code is imported from a folder.
+Every error names the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from . import metrics, paths
+from .errors import EvalError
+
+TEMPLATE = "_template"
+README_FIELDS = ("Purpose", "Owner", "Criticality")
+# lm-eval keys an eval set may use; anything else (process_results, filters, !function…)
+# is refused, and with it every way of running code from a data folder.
+LM_EVAL_KEYS = {
+    "task",
+    "tag",
+    "dataset_path",
+    "dataset_kwargs",
+    "test_split",
+    "output_type",
+    "doc_to_text",
+    "doc_to_target",
+    "metric_list",
+    "metadata",
+    "description",
+}
+OUR_KEYS = {"include", "gates"}
+
+
+class EvalSetError(EvalError):
+    """A problem in an eval set, located at a file, a line and a field."""
+
+    def __init__(
+        self,
+        file: Path,
+        line: int | None,
+        field_name: str | None,
+        message: str,
+        *,
+        hint: str | None = None,
+    ) -> None:
+        self.file, self.line, self.field = Path(file), line, field_name
+        where = f"{file}:{line}" if line else str(file)
+        what = f" field '{field_name}':" if field_name else ""
+        super().__init__(f"{where}:{what} {message}", hint=hint)
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MetricGate(StrictModel):
+    min_score: float | None = Field(None, ge=0, le=1, description="lowest acceptable score")
+    max_drop: float | None = Field(None, ge=0, le=1, description="largest drop vs baseline")
+
+
+class SliceGate(MetricGate):
+    tag: str
+    metric: str
+
+
+class GateSpec(StrictModel):
+    """Gates of one eval set, after project defaults were applied."""
+
+    critical: bool = True
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    metrics: dict[str, MetricGate] = Field(default_factory=dict)
+    slices: list[SliceGate] = Field(default_factory=list)
+
+
+class Defaults(StrictModel):
+    critical: bool = True
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    min_score: float = Field(0.0, ge=0, le=1)
+    max_drop: float = Field(0.05, ge=0, le=1)
+    bootstrap_iters: int = Field(2000, ge=100)
+
+
+@dataclass
+class EvalSet:
+    name: str
+    directory: Path
+    task: dict
+    data_path: Path
+    metric_names: list[str]
+    gates: GateSpec
+    readme: dict[str, str]
+    key_lines: dict[str, int] = field(default_factory=dict)
+
+
+def defaults(root: Path | None = None) -> Defaults:
+    path = (root or paths.eval_sets_dir()) / "defaults.yaml"
+    if not path.exists():
+        return Defaults()
+    data = _read_yaml(path)
+    try:
+        return Defaults.model_validate(
+            data.get("gates", {}) | {k: v for k, v in data.items() if k == "bootstrap_iters"}
+        )
+    except ValidationError as exc:
+        raise EvalSetError(path, None, "gates", _pydantic_message(exc)) from None
+
+
+def _pydantic_message(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.constructor.ConstructorError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else None
+        raise EvalSetError(
+            path,
+            line,
+            None,
+            f"{exc.problem} (code tags such as !function "
+            "are not allowed; use a metric registered in llm_release.metrics)",
+        ) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise EvalSetError(
+            path,
+            mark.line + 1 if mark else None,
+            None,
+            f"not valid YAML: {getattr(exc, 'problem', exc)}",
+        ) from None
+    if not isinstance(data, dict):
+        raise EvalSetError(path, 1, None, "expected a mapping at the top level")
+    return data
+
+
+def _key_lines(path: Path) -> dict[str, int]:
+    try:
+        node = yaml.compose(path.read_text())
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {k.value: k.start_mark.line + 1 for k, _ in node.value}
+
+
+def _load_task(path: Path, root: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, int]]:
+    data = _read_yaml(path)
+    lines = _key_lines(path)
+    include = data.pop("include", None)
+    if include is None:
+        return data, lines
+    base_path = (path.parent / str(include)).resolve()
+    if root.resolve() not in base_path.parents or not base_path.exists():
+        raise EvalSetError(
+            path,
+            lines.get("include"),
+            "include",
+            f"{include!r} must name an existing YAML inside {root}",
+        )
+    if base_path in seen:
+        raise EvalSetError(path, lines.get("include"), "include", "include cycle")
+    base, _ = _load_task(base_path, root, (*seen, path))
+    return base | data, lines
+
+
+def parse_readme(path: Path) -> dict[str, str]:
+    if not path.exists():
+        raise EvalSetError(
+            path,
+            None,
+            None,
+            "README.md is missing",
+            hint=f"copy eval_sets/{TEMPLATE}/README.md and fill it in",
+        )
+    found = {}
+    for line in path.read_text().splitlines():
+        match = re.match(r"\s*[-*]\s*\*\*(\w+):\*\*\s*(.*)", line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    missing = [f for f in README_FIELDS if not found.get(f)]
+    if missing:
+        raise EvalSetError(
+            path, None, missing[0], f"README must state {', '.join(missing)} as '- **Field:** text'"
+        )
+    return found
+
+
+def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
+    root = root or paths.eval_sets_dir()
+    directory = root / name
+    task_path = directory / "task.yaml"
+    if not task_path.exists():
+        raise EvalError(
+            f"eval set {name!r} not found ({task_path} does not exist)",
+            hint=f"available eval sets: {', '.join(available(root)) or 'none'}; "
+            f"create one with 'llm-release eval-sets new {name}'",
+        )
+    task, lines = _load_task(task_path, root)
+    unknown = sorted(set(task) - LM_EVAL_KEYS - OUR_KEYS)
+    if unknown:
+        raise EvalSetError(
+            task_path,
+            lines.get(unknown[0]),
+            unknown[0],
+            "key not allowed in an eval set",
+            hint=f"allowed keys: {', '.join(sorted(LM_EVAL_KEYS | OUR_KEYS))}",
+        )
+    if task.get("task") != name:
+        raise EvalSetError(
+            task_path,
+            lines.get("task"),
+            "task",
+            f"must equal the folder name {name!r} (found {task.get('task')!r})",
+        )
+    for required in ("doc_to_text", "doc_to_target", "metric_list"):
+        if not task.get(required):
+            raise EvalSetError(task_path, None, required, "is required")
+    version = (task.get("metadata") or {}).get("version")
+    if version is None:
+        raise EvalSetError(
+            task_path,
+            lines.get("metadata"),
+            "metadata.version",
+            "is required: bump it whenever items, prompt or scoring change",
+        )
+    split = task.get("test_split", "test")
+    relative = ((task.get("dataset_kwargs") or {}).get("data_files") or {}).get(split)
+    if not relative:
+        raise EvalSetError(
+            task_path,
+            lines.get("dataset_kwargs"),
+            f"dataset_kwargs.data_files.{split}",
+            "is required",
+        )
+    data_path = (directory / relative).resolve()
+    if directory.resolve() not in data_path.parents or not data_path.exists():
+        raise EvalSetError(
+            task_path,
+            lines.get("dataset_kwargs"),
+            f"dataset_kwargs.data_files.{split}",
+            f"data file {relative!r} must exist inside {directory}",
+        )
+    metric_names = []
+    for entry in task["metric_list"]:
+        metric_name = entry.get("metric") if isinstance(entry, dict) else None
+        try:
+            metrics.get(metric_name)
+        except KeyError as exc:
+            raise EvalSetError(
+                task_path, lines.get("metric_list"), "metric_list.metric", exc.args[0]
+            ) from None
+        metric_names.append(metric_name)
+    gates = _gate_spec(
+        task.get("gates") or {}, metric_names, defaults(root), task_path, lines.get("gates")
+    )
+    readme = parse_readme(directory / "README.md")
+    return EvalSet(name, directory, task, data_path, metric_names, gates, readme, lines)
+
+
+def _gate_spec(
+    raw: dict, metric_names: list[str], project: Defaults, path: Path, line: int | None
+) -> GateSpec:
+    try:
+        spec = GateSpec.model_validate(
+            {"critical": project.critical, "confidence": project.confidence} | raw
+        )
+    except ValidationError as exc:
+        raise EvalSetError(path, line, "gates", _pydantic_message(exc)) from None
+    for name in list(spec.metrics) + [s.metric for s in spec.slices]:
+        if name not in metric_names:
+            raise EvalSetError(
+                path, line, "gates", f"gate names metric {name!r}, which metric_list does not score"
+            )
+    filled = {}
+    for name in metric_names:
+        gate = spec.metrics.get(name, MetricGate())
+        filled[name] = MetricGate(
+            min_score=project.min_score if gate.min_score is None else gate.min_score,
+            max_drop=project.max_drop if gate.max_drop is None else gate.max_drop,
+        )
+    slices = [
+        s.model_copy(
+            update={
+                "min_score": project.min_score if s.min_score is None else s.min_score,
+                "max_drop": project.max_drop if s.max_drop is None else s.max_drop,
+            }
+        )
+        for s in spec.slices
+    ]
+    return spec.model_copy(update={"metrics": filled, "slices": slices})
+
+
+def available(root: Path | None = None) -> list[str]:
+    root = root or paths.eval_sets_dir()
+    if not root.exists():
+        return []
+    return sorted(
+        p.name for p in root.iterdir() if (p / "task.yaml").exists() and not p.name.startswith("_")
+    )
+
+
+def load_items(eval_set: EvalSet) -> list[dict]:
+    """The items, each checked for an id, a reference answer and well-formed tags."""
+    items, seen = [], {}
+    for lineno, line in enumerate(eval_set.data_path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise EvalSetError(
+                eval_set.data_path, lineno, None, f"not valid JSON: {exc.msg}"
+            ) from None
+        if not isinstance(item, dict):
+            raise EvalSetError(eval_set.data_path, lineno, None, "each line must be an object")
+        for required in ("id", "answer"):
+            if item.get(required) in (None, ""):
+                raise EvalSetError(eval_set.data_path, lineno, required, "is missing")
+        item_id = str(item["id"])
+        if item_id in seen:
+            raise EvalSetError(
+                eval_set.data_path,
+                lineno,
+                "id",
+                f"duplicate id {item_id!r} (first on line {seen[item_id]})",
+            )
+        seen[item_id] = lineno
+        tags = item.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise EvalSetError(eval_set.data_path, lineno, "tags", "must be a list of strings")
+        item["_line"] = lineno
+        items.append(item)
+    if not items:
+        raise EvalSetError(eval_set.data_path, None, None, "has no items")
+    return items
+
+
+_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+
+
+def render(template: str, item: dict, eval_set: EvalSet, template_field: str) -> str:
+    try:
+        return _JINJA.from_string(template).render(**item)
+    except jinja2.UndefinedError as exc:
+        missing = re.search(r"'(\w+)' is undefined", str(exc))
+        raise EvalSetError(
+            eval_set.data_path,
+            item.get("_line"),
+            missing.group(1) if missing else None,
+            f"missing, but {template_field} uses it",
+        ) from None
+    except jinja2.TemplateError as exc:
+        raise EvalSetError(
+            eval_set.directory / "task.yaml",
+            eval_set.key_lines.get(template_field),
+            template_field,
+            f"broken template: {exc}",
+        ) from None
+
+
+def _normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def calibration_texts() -> list[str]:
+    texts = []
+    for path in sorted(paths.calibration_dir().glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                texts.append(_normalise(json.loads(line).get("text", "")))
+    return texts
+
+
+LEAK_MIN_CHARS = 40
+
+
+def validate(name: str, root: Path | None = None, calibration: list[str] | None = None) -> dict:
+    """Everything ``eval-sets validate`` checks; returns a summary, raises on the first error."""
+    eval_set = load_eval_set(name, root)
+    items = load_items(eval_set)
+    needed = {f for m in eval_set.metric_names for f in metrics.get(m).needs}
+    calibration = calibration_texts() if calibration is None else calibration
+    for item in items:
+        render(eval_set.task["doc_to_text"], item, eval_set, "doc_to_text")
+        render(str(eval_set.task["doc_to_target"]), item, eval_set, "doc_to_target")
+        for field_name in sorted(needed):
+            if item.get(field_name) in (None, ""):
+                metric = next(
+                    m for m in eval_set.metric_names if field_name in metrics.get(m).needs
+                )
+                raise EvalSetError(
+                    eval_set.data_path,
+                    item["_line"],
+                    field_name,
+                    f"missing, but metric {metric!r} needs it",
+                )
+        for field_name, value in item.items():
+            if not isinstance(value, str) or len(value) < LEAK_MIN_CHARS:
+                continue
+            text = _normalise(value)
+            if any(text in cal or cal in text for cal in calibration if cal):
+                raise EvalSetError(
+                    eval_set.data_path,
+                    item["_line"],
+                    field_name,
+                    "this text is also in the calibration set: quantized candidates were "
+                    "tuned on it, which would flatter them",
+                    hint="replace the item, or remove the text from calibration/",
+                )
+    tags = sorted({t for item in items for t in item.get("tags", [])})
+    for gate in eval_set.gates.slices:
+        if gate.tag not in tags:
+            raise EvalSetError(
+                eval_set.directory / "task.yaml",
+                eval_set.key_lines.get("gates"),
+                "gates.slices.tag",
+                f"no item carries tag {gate.tag!r}",
+            )
+    return {
+        "name": name,
+        "items": len(items),
+        "tags": tags,
+        "metrics": eval_set.metric_names,
+        "critical": eval_set.gates.critical,
+    }
+
+
+def scaffold(name: str, root: Path | None = None) -> Path:
+    root = root or paths.eval_sets_dir()
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+        raise EvalError(f"eval set name {name!r}: use lower-case letters, digits and '_'")
+    target = root / name
+    if target.exists():
+        raise EvalError(f"{target} already exists")
+    shutil.copytree(root / TEMPLATE, target)
+    task = target / "task.yaml"
+    task.write_text(re.sub(r"(?m)^task: .*$", f"task: {name}", task.read_text()))
+    return target
+
+
+def describe(root: Path | None = None) -> list[dict]:
+    rows = []
+    for name in available(root):
+        try:
+            eval_set = load_eval_set(name, root)
+            items = load_items(eval_set)
+        except EvalError as exc:
+            rows.append({"name": name, "error": str(exc).splitlines()[0]})
+            continue
+        rows.append(
+            {
+                "name": name,
+                "owner": eval_set.readme.get("Owner"),
+                "criticality": eval_set.readme.get("Criticality"),
+                "items": len(items),
+                "version": eval_set.task.get("metadata", {}).get("version"),
+                "metrics": eval_set.metric_names,
+                "gates": {m: g.model_dump() for m, g in eval_set.gates.metrics.items()},
+                "slice_gates": [s.model_dump() for s in eval_set.gates.slices],
+                "critical": eval_set.gates.critical,
+            }
+        )
+    return rows
