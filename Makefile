@@ -75,7 +75,7 @@ lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .
 
 bench: setup
-	@echo "no benchmarks yet"
+	.venv/bin/python bench/eval_concurrency.py
 
 down:
 	@if [ -x $(CLI) ]; then $(CLI) down; else echo "nothing to stop (no .venv)"; fi

@@ -11,7 +11,7 @@ import yaml
 
 from . import metrics, paths
 from .errors import EvalError
-from .evalsets import EvalSet, load_eval_set, load_items
+from .evalsets import EvalSet, defaults, load_eval_set, load_items
 from .fileio import atomic_write_text
 from .results import EvalResult, ItemResult, MetricScore
 from .stats import bootstrap_mean_ci
@@ -86,6 +86,7 @@ def run_evaluation(
     from lm_eval import simple_evaluate
 
     decoding = load_decoding()
+    bootstrap_iters = bootstrap_iters or defaults().bootstrap_iters
     sets = [load_eval_set(n) for n in eval_set_names]
     for eval_set in sets:
         load_items(eval_set)

@@ -30,7 +30,9 @@ def vllm_python() -> Path:
 
 
 def eval_sets_dir() -> Path:
-    return project_root() / "eval_sets"
+    """Overridable so a data scientist can try a set from a scratch copy."""
+    env = os.environ.get("LLM_RELEASE_EVAL_SETS")
+    return Path(env).resolve() if env else project_root() / "eval_sets"
 
 
 def calibration_dir() -> Path:

@@ -8,7 +8,7 @@ import socket
 from . import paths
 from .config import ReleaseConfig
 from .errors import ConfigError, RouterError, ServeError
-from .evalsets import load_eval_set, load_items
+from .evalsets import calibration_texts, validate
 from .evaluate import load_decoding
 from .promote import ensure_no_canary, router_for
 from .quantize import load_calibration_texts
@@ -17,8 +17,9 @@ from .registry import load
 
 def check(config: ReleaseConfig, router_port: int) -> None:
     load_decoding()
+    calibration = calibration_texts()
     for name in config.evaluation.eval_sets:
-        load_items(load_eval_set(name))
+        validate(name, calibration=calibration)
     for candidate in config.candidates:
         if candidate.scheme == "W4A16_AWQ":
             texts = load_calibration_texts(candidate.calibration_set)

@@ -1,0 +1,85 @@
+from llm_release.config import Gates
+from llm_release.report import render_markdown
+from llm_release.results import (
+    CandidateResult,
+    EvalResult,
+    ItemResult,
+    LoadLevel,
+    LoadResult,
+    MetricScore,
+)
+from llm_release.select import decide
+
+GATES = {
+    "critical": True,
+    "confidence": 0.95,
+    "metrics": {"numeric_match": {"min_score": 0.0, "max_drop": 0.05}},
+    "slices": [{"tag": "safety", "metric": "numeric_match", "min_score": 0.0, "max_drop": 0.0}],
+}
+
+
+def candidate(name, scores, answers):
+    items = [
+        ItemResult(
+            id=f"i{k}",
+            tags=["safety"] if k < 2 else ["interval"],
+            scores={"numeric_match": s},
+            prompt=f"prompt {k}",
+            reference=f"{k} bar",
+            answer=a,
+        )
+        for k, (s, a) in enumerate(zip(scores, answers, strict=True))
+    ]
+    level = LoadLevel(
+        concurrency=4,
+        requests=8,
+        errors=0,
+        error_rate=0,
+        ttft_p50_ms=100,
+        ttft_p95_ms=200,
+        itl_p50_ms=30,
+        itl_p95_ms=40,
+        output_tokens_per_s=50,
+        requests_per_s=1,
+    )
+    return CandidateResult(
+        name=name,
+        scheme="x",
+        status="measured",
+        size_bytes=1000,
+        evals=[
+            EvalResult(
+                eval_set="kb",
+                version=2,
+                num_items=len(items),
+                items=items,
+                metrics={"numeric_match": MetricScore(value=sum(scores) / 4)},
+                gates=GATES,
+                decoding={"version": 1},
+            )
+        ],
+        load=LoadResult(levels=[level]),
+    )
+
+
+def test_report_shows_slices_intervals_gates_and_disagreements():
+    results = [
+        candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"]),
+        candidate("w4a16", [0, 1, 1, 0], ["7 bar", "1 bar", "2 bar", "x"]),
+    ]
+    decision = decide(results, Gates())
+    text = render_markdown(
+        title="t",
+        source={"repo_id": "a/b", "revision": "main", "commit": "c" * 40},
+        results=results,
+        decision=decision,
+        stage_seconds={"acquire": 1.0},
+        deployment=None,
+    )
+    assert "### kb (version 2, critical, decoding v1, 95% intervals)" in text
+    assert "| safety | numeric_match | 1.000 [1.00, 1.00] (n=2) | 0.500, drop +0.500" in text
+    assert "| all | numeric_match | 0.750" in text
+    assert "w4a16 vs baseline on `numeric_match`: 1 items disagree" in text
+    assert "| i0 | prompt 0 | 0 bar | 0 bar (1) | 7 bar (0) |" in text
+    # Two items cannot show a drop with 95% confidence: reported, and it passes.
+    assert "kb[safety]/numeric_match:drop | pass | 0.5 | 0 |" in text
