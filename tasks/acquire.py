@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import threading
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
@@ -12,14 +14,23 @@ from llm_release.config import SourceConfig
 def acquire_model(source: SourceConfig) -> Acquired:
     logger = get_run_logger()
     progress_id = create_progress_artifact(progress=0.0, description="model download")
-    done = {"files": 0}
+    seen = {"bytes": 0, "total": 0, "reported": 0.0}
+    lock = threading.Lock()
 
-    def on_file(path: str, size: int) -> None:
-        done["files"] += 1
-        logger.info("verified %s (%d bytes)", path, size)
-        update_progress_artifact(progress_id, progress=min(99.0, done["files"] * 5.0))
+    def on_start(total: int, files: int) -> None:
+        seen["total"] = total
+        logger.info("fetching and verifying %d files, %.1f MB", files, total / 1e6)
 
-    acquired = acquire(source, progress=on_file)
+    def on_bytes(_path: str, count: int) -> None:
+        with lock:
+            seen["bytes"] += count
+            percent = 100.0 * seen["bytes"] / seen["total"] if seen["total"] else 0.0
+            # An artifact update is an API call: one per 5% is plenty.
+            if percent - seen["reported"] >= 5:
+                seen["reported"] = percent
+                update_progress_artifact(progress_id, progress=min(percent, 99.0))
+
+    acquired = acquire(source, progress=on_bytes, on_start=on_start)
     check_repo_contract(acquired.model_dir)
     update_progress_artifact(progress_id, progress=100.0)
     logger.info(

@@ -10,14 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from . import paths
 from .config import SourceConfig
+from .download import Expected, Outcome, ProgressFn, check, fetch
 from .errors import AcquireError, ConfigError, IntegrityError
 from .fileio import atomic_write_json, sha256_file
 
@@ -122,20 +123,20 @@ def _matches(path: str, patterns: list[str]) -> bool:
 
 def verify_file(path: Path, remote: RemoteFile) -> str | None:
     """None when ``path`` matches what the hub published, else why not."""
+    return _verify_existing(path, remote)[0]
+
+
+def _verify_existing(path: Path, remote: RemoteFile) -> tuple[str | None, str | None]:
     if not path.exists():
-        return "missing"
+        return "missing", None
     size = path.stat().st_size
-    if remote.size is not None and size != remote.size:
-        return f"size {size} != published {remote.size}"
-    if remote.sha256:
-        actual = sha256_file(path)
-        if actual != remote.sha256:
-            return f"sha256 {actual[:12]}… != published {remote.sha256[:12]}…"
-    elif remote.blob_id:
-        actual = _git_blob_sha1(path)
-        if actual != remote.blob_id:
-            return f"git blob {actual[:12]}… != published {remote.blob_id[:12]}…"
-    return None
+    sha256 = sha256_file(path) if remote.size is None or size == remote.size else ""
+    blob = _git_blob_sha1(path) if not remote.sha256 and sha256 else None
+    return check(_expected(remote), size, sha256, blob), sha256 or None
+
+
+def _expected(remote: RemoteFile) -> Expected:
+    return Expected(remote.path, remote.size, remote.sha256, remote.blob_id)
 
 
 def _manifest_matches(manifest_path: Path, model_dir: Path) -> bool:
@@ -154,10 +155,30 @@ def _manifest_matches(manifest_path: Path, model_dir: Path) -> bool:
     return bool(manifest.get("files"))
 
 
-def acquire(source: SourceConfig, *, progress=None) -> Acquired:
-    """Download ``source`` pinned to a commit; every file verified before it is reported."""
-    from huggingface_hub import hf_hub_download
+@dataclass(frozen=True)
+class TransferSettings:
+    workers: int = 4
+    stall_timeout_s: float = 60.0
+    max_attempts: int = MAX_ATTEMPTS
+    backoff_s: float = 0.5
 
+
+def acquire(
+    source: SourceConfig,
+    *,
+    progress: ProgressFn | None = None,
+    settings: TransferSettings | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> Acquired:
+    """Download ``source`` pinned to a commit; every file verified before it is reported.
+
+    Small files come first, then the first weight shard alone (a wrong endpoint, path or
+    token fails in seconds), then the other shards with ``settings.workers`` in parallel.
+    """
+    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    settings = settings or TransferSettings()
     commit, remote_files = resolve(source)
     if not remote_files:
         raise AcquireError(
@@ -170,58 +191,76 @@ def acquire(source: SourceConfig, *, progress=None) -> Acquired:
         return Acquired(model_dir, manifest_path, commit, source.repo_id, 0, reused=True)
 
     model_dir.mkdir(parents=True, exist_ok=True)
-    downloaded = 0
-    failures: dict[str, str] = {}
-    # Small files first: a wrong endpoint or token fails on config.json in seconds.
-    for remote in sorted(remote_files, key=lambda f: (f.sha256 is not None, f.size or 0)):
+    if on_start is not None:
+        on_start(sum(r.size or 0 for r in remote_files), len(remote_files))
+    endpoint = source.endpoint or constants.ENDPOINT
+    client = get_session()
+    headers = build_hf_headers()
+    outcomes: dict[str, Outcome] = {}
+
+    def one(remote: RemoteFile) -> Outcome:
         target = model_dir / remote.path
-        problem = verify_file(target, remote) if target.exists() else "missing"
-        attempt = 0
-        while problem is not None and attempt < MAX_ATTEMPTS:
-            attempt += 1
-            target.unlink(missing_ok=True)
-            try:
-                hf_hub_download(
-                    source.repo_id,
-                    remote.path,
-                    revision=commit,
-                    local_dir=model_dir,
-                    endpoint=source.endpoint,
-                    force_download=True,
-                )
-            except Exception as exc:  # the hub client raises many types; all mean "retry"
-                problem = f"download failed: {type(exc).__name__}: {exc}".splitlines()[0]
-                time.sleep(min(2**attempt, 10) * 0.1)
-                continue
-            problem = verify_file(target, remote)
-            if problem is None:
-                downloaded += target.stat().st_size
-            else:
-                target.unlink(missing_ok=True)
-        if problem is not None:
-            failures[remote.path] = problem
-        elif progress is not None:
-            progress(remote.path, remote.size or 0)
-    if failures:
-        named = "; ".join(f"{p}: {why}" for p, why in sorted(failures.items()))
-        raise IntegrityError(
-            f"{len(failures)} file(s) of {source.repo_id}@{commit[:12]} never matched the hub "
-            f"after {MAX_ATTEMPTS} attempts: {named}",
-            hint="the hub or a mirror serves corrupt bytes; check the mirror, then re-run",
+        problem, sha256 = _verify_existing(target, remote) if target.exists() else ("", None)
+        if problem is None:
+            return Outcome(sha256=sha256, attempts=0, bytes=0)
+        target.unlink(missing_ok=True)
+        url = hf_hub_url(source.repo_id, remote.path, revision=commit, endpoint=endpoint)
+        return fetch(
+            client,
+            url,
+            headers,
+            target,
+            _expected(remote),
+            max_attempts=settings.max_attempts,
+            stall_timeout_s=settings.stall_timeout_s,
+            backoff_s=settings.backoff_s,
+            progress=progress,
         )
-    shutil.rmtree(model_dir / ".cache", ignore_errors=True)
+
+    def fail(names: list[str], first: bool = False) -> None:
+        named = "; ".join(f"{n}: {outcomes[n].error}" for n in sorted(names))
+        hint = (
+            "the first file already failed: check the endpoint (HF_ENDPOINT), the token "
+            "(HF_TOKEN) and the repo id"
+            if first
+            else "the hub or a mirror serves corrupt or incomplete bytes; check it, then re-run "
+            "(verified files are kept)"
+        )
+        raise IntegrityError(
+            f"{len(names)} file(s) of {source.repo_id}@{commit[:12]} could not be fetched "
+            f"and verified after {settings.max_attempts} attempts: {named}",
+            hint=hint,
+        )
+
+    small = [r for r in remote_files if r.sha256 is None]
+    shards = sorted((r for r in remote_files if r.sha256), key=lambda r: r.path)
+    for index, remote in enumerate(small):
+        outcomes[remote.path] = one(remote)
+        if outcomes[remote.path].error:
+            fail([remote.path], first=index == 0)
+    if shards:
+        outcomes[shards[0].path] = one(shards[0])
+        if outcomes[shards[0].path].error:
+            fail([shards[0].path], first=True)
+        with ThreadPoolExecutor(max_workers=settings.workers) as pool:
+            for remote, outcome in zip(shards[1:], pool.map(one, shards[1:]), strict=True):
+                outcomes[remote.path] = outcome
+        failed = [p for p, o in outcomes.items() if o.error]
+        if failed:
+            fail(failed)
+    downloaded = sum(o.bytes for o in outcomes.values())
     manifest = {
         "repo_id": source.repo_id,
         "revision": source.revision,
         "commit": commit,
         "hub": source.hub,
-        "endpoint": source.endpoint or os.environ.get("HF_ENDPOINT") or "https://huggingface.co",
+        "endpoint": endpoint,
         "fetched_at": datetime.now(UTC).isoformat(),
         "files": [
             {
                 "path": r.path,
                 "size": (model_dir / r.path).stat().st_size,
-                "sha256": r.sha256 or sha256_file(model_dir / r.path),
+                "sha256": outcomes[r.path].sha256,
                 "lfs": r.sha256 is not None,
                 "mtime_ns": (model_dir / r.path).stat().st_mtime_ns,
             }
@@ -230,6 +269,40 @@ def acquire(source: SourceConfig, *, progress=None) -> Acquired:
     }
     atomic_write_json(manifest_path, manifest)
     return Acquired(model_dir, manifest_path, commit, source.repo_id, downloaded, reused=False)
+
+
+def verify_dir(model_dir: Path) -> list[str]:
+    """Re-check a local copy against its manifest; the problems found, one per file."""
+    model_dir = Path(model_dir)
+    manifest_path = model_dir.with_name(model_dir.name + MANIFEST_SUFFIX)
+    if not manifest_path.exists():
+        raise AcquireError(
+            f"{model_dir} has no manifest ({manifest_path})",
+            hint="download it with 'llm-release download' first",
+        )
+    manifest = json.loads(manifest_path.read_text())
+    entries = manifest["files"]
+
+    def one(entry: dict) -> str | None:
+        path = model_dir / entry["path"]
+        if not path.exists():
+            return f"{entry['path']}: missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{entry['path']}: {size} bytes, manifest says {entry['size']}"
+        actual = sha256_file(path)
+        if actual != entry["sha256"]:
+            return f"{entry['path']}: sha256 {actual[:12]}… != manifest {entry['sha256'][:12]}…"
+        return None
+
+    workers = max(1, min(len(entries), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return [p for p in pool.map(one, entries) if p]
+
+
+def _safetensors_header_size(path: Path) -> int:
+    with path.open("rb") as fh:
+        return 8 + int.from_bytes(fh.read(8), "little")
 
 
 def check_repo_contract(model_dir: Path) -> None:
@@ -245,9 +318,22 @@ def check_repo_contract(model_dir: Path) -> None:
     index_path = model_dir / "model.safetensors.index.json"
     if index_path.exists():
         index = json.loads(index_path.read_text())
-        for shard in sorted(set(index.get("weight_map", {}).values())):
+        shards = sorted(set(index.get("weight_map", {}).values()))
+        for shard in shards:
             if not (model_dir / shard).exists():
                 missing.append(shard)
+        total = (index.get("metadata") or {}).get("total_size")
+        present = [model_dir / s for s in shards if (model_dir / s).exists()]
+        if total and not missing:
+            # total_size counts tensor bytes; each shard adds its own header on top.
+            on_disk = sum(p.stat().st_size for p in present)
+            headers = sum(_safetensors_header_size(p) for p in present)
+            if on_disk - headers != int(total):
+                raise AcquireError(
+                    f"{model_dir}: the index says {total} tensor bytes, the shards hold "
+                    f"{on_disk - headers}",
+                    hint="the index and the shards come from different revisions; re-publish",
+                )
     elif not (model_dir / "model.safetensors").exists():
         missing.append("model.safetensors (or an index)")
     if missing:

@@ -142,6 +142,53 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .acquire import TransferSettings, acquire, check_repo_contract
+    from .config import SourceConfig
+
+    source = SourceConfig(repo_id=args.repo_id, revision=args.revision, endpoint=args.endpoint)
+    settings = TransferSettings(workers=args.workers, stall_timeout_s=args.stall_timeout)
+    bar = tqdm(
+        total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="download", disable=args.quiet
+    )
+
+    def on_start(total: int, files: int) -> None:
+        bar.total = total
+        bar.set_description(f"{args.repo_id} ({files} files)")
+        bar.refresh()
+
+    try:
+        acquired = acquire(
+            source, progress=lambda _path, n: bar.update(n), settings=settings, on_start=on_start
+        )
+    finally:
+        bar.close()
+    check_repo_contract(acquired.model_dir)
+    state = (
+        "already present, verified by manifest"
+        if acquired.reused
+        else (f"{acquired.downloaded_bytes} bytes fetched, every file verified")
+    )
+    print(f"{acquired.repo_id}@{acquired.commit} -> {acquired.model_dir} ({state})")
+    print(f"manifest: {acquired.manifest_path}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .acquire import verify_dir
+
+    problems = verify_dir(Path(args.directory))
+    for problem in problems:
+        print(f"BAD  {problem}")
+    if problems:
+        print(f"{len(problems)} bad file(s) in {args.directory}")
+        return 1
+    print(f"ok   every file in {args.directory} matches its manifest")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-release", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,6 +219,24 @@ def build_parser() -> argparse.ArgumentParser:
     sets.add_argument("--root", help="eval-sets folder (default: eval_sets/ of the project)")
     sets.add_argument("--json", action="store_true")
     sets.set_defaults(func=cmd_eval_sets)
+
+    download = sub.add_parser("download", help="run the acquire stage alone")
+    download.add_argument("repo_id")
+    download.add_argument("--revision", default="main")
+    download.add_argument("--endpoint", help="hub endpoint (default: HF_ENDPOINT or the hub)")
+    download.add_argument("--workers", type=int, default=4)
+    download.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="abort and retry a transfer with no bytes for this long",
+    )
+    download.add_argument("--quiet", action="store_true", help="no progress bar")
+    download.set_defaults(func=cmd_download)
+
+    verify = sub.add_parser("verify", help="re-check a downloaded model against its manifest")
+    verify.add_argument("directory")
+    verify.set_defaults(func=cmd_verify)
 
     down = sub.add_parser("down", help="stop every server the project started")
     down.set_defaults(func=cmd_down)

@@ -272,8 +272,14 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 pass
 
 
-def make_server(root: Path, host: str = "127.0.0.1", port: int = 0) -> ThreadingHTTPServer:
-    handler = type("BoundHubHandler", (HubRequestHandler,), {"root": Path(root)})
+def make_server(
+    root: Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    handler: type[HubRequestHandler] = HubRequestHandler,
+) -> ThreadingHTTPServer:
+    handler = type("BoundHubHandler", (handler,), {"root": Path(root)})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
