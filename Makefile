@@ -76,6 +76,8 @@ lint:
 
 bench: setup
 	.venv/bin/python bench/eval_concurrency.py
+	.venv/bin/python bench/download_verify.py
+	.venv/bin/python bench/verify_throughput.py
 
 down:
 	@if [ -x $(CLI) ]; then $(CLI) down; else echo "nothing to stop (no .venv)"; fi

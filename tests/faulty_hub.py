@@ -21,6 +21,7 @@ class FaultPlan:
     def __init__(self) -> None:
         self.faults: dict[str, list[str]] = defaultdict(list)
         self.requests: list[tuple[str, str | None]] = []
+        self.authorizations: set[str] = set()
         self.stall_s = 5.0
         self.lock = threading.Lock()
 
@@ -41,6 +42,8 @@ def faulty_handler(plan: FaultPlan):
         def do_GET(self):  # noqa: N802
             with plan.lock:
                 plan.requests.append((self.path, self.headers.get("Range")))
+                if self.headers.get("Authorization"):
+                    plan.authorizations.add(self.headers["Authorization"])
             match = re.fullmatch(r"/[^/]+/[^/]+/resolve/[^/]+/(.+)", self.path)
             fault = plan.take(match.group(1)) if match else None
             if fault == "http500":

@@ -105,6 +105,21 @@ def build_command(
     return cmd
 
 
+SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "PREFECT_API_KEY")
+
+
+def server_env(serving: ServingConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(serving.cpu_kvcache_space_gib)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env["HF_HUB_OFFLINE"] = "1"
+    # The pipeline's secrets have no business in a model server's environment or logs.
+    for key in SECRET_ENV:
+        env.pop(key, None)
+    return env
+
+
 @dataclass
 class Endpoint:
     base_url: str
@@ -165,14 +180,7 @@ class VllmServer:
         cmd = build_command(
             python, self.model_dir, self.port, self.served_names, self.serving, cuda=has_cuda()
         )
-        env = dict(os.environ)
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(self.serving.cpu_kvcache_space_gib)
-        env.setdefault("VLLM_NO_USAGE_STATS", "1")
-        env.setdefault("DO_NOT_TRACK", "1")
-        env["HF_HUB_OFFLINE"] = "1"
-        # Secrets of the pipeline have no business in a model server's environment.
-        for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "PREFECT_API_KEY"):
-            env.pop(key, None)
+        env = server_env(self.serving)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(cmd)}\n".encode())

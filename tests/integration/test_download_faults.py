@@ -147,3 +147,24 @@ def test_index_naming_a_missing_shard(home, hub_root, tiny_model_dir, tmp_path):
         acquired = acquire(SourceConfig(repo_id="tests/bad-index", endpoint=hub.url), settings=FAST)
     with pytest.raises(AcquireError, match="model-00009-of-00009.safetensors"):
         check_repo_contract(acquired.model_dir)
+
+
+def test_token_reaches_the_hub_but_no_file_or_repr(home, faulty, monkeypatch):
+    secret = "hf_ThisIsATestTokenThatMustNotLeak"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    acquired = acquire(source(faulty), settings=FAST)
+    assert f"Bearer {secret}" in faulty.plan.authorizations
+    assert secret not in repr(acquired)
+    for path in home.rglob("*"):
+        if path.is_file() and path.stat().st_size < 5_000_000:
+            assert secret.encode() not in path.read_bytes(), path
+
+
+def test_vllm_servers_never_inherit_secrets(monkeypatch):
+    from llm_release.config import ServingConfig
+    from llm_release.serve import server_env
+
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    monkeypatch.setenv("PREFECT_API_KEY", "pnu_x")
+    env = server_env(ServingConfig())
+    assert "HF_TOKEN" not in env and "PREFECT_API_KEY" not in env
