@@ -18,7 +18,15 @@ from pathlib import Path
 
 from . import paths
 from .config import SourceConfig
-from .download import Expected, Outcome, ProgressFn, check, fetch
+from .download import (
+    Expected,
+    Outcome,
+    ProgressFn,
+    TransferError,
+    check,
+    copy_verified,
+    fetch,
+)
 from .errors import AcquireError, ConfigError, IntegrityError
 from .fileio import atomic_write_json, sha256_file
 
@@ -72,8 +80,40 @@ def _api(source: SourceConfig):
     return HfApi(endpoint=source.endpoint) if source.endpoint else HfApi()
 
 
+def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
+    """A local or mounted folder: its content hashes are its commit."""
+    root = Path(source.local_path or "")
+    if not root.is_dir():
+        raise AcquireError(
+            f"local model folder {root} does not exist",
+            hint="check local_path (a mounted model store must be mounted)",
+        )
+    paths_found = sorted(
+        p
+        for p in root.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        and not p.name.endswith(".part")
+    )
+    relative = [p.relative_to(root).as_posix() for p in paths_found]
+    if source.allow_patterns:
+        keep = [_matches(r, source.allow_patterns) for r in relative]
+        paths_found = [p for p, k in zip(paths_found, keep, strict=True) if k]
+        relative = [r for r, k in zip(relative, keep, strict=True) if k]
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        digests = list(pool.map(sha256_file, paths_found))
+    files = [
+        RemoteFile(path=r, size=p.stat().st_size, sha256=d, blob_id=None)
+        for r, p, d in zip(relative, paths_found, digests, strict=True)
+    ]
+    commit = hashlib.sha1(json.dumps([[f.path, f.sha256] for f in files]).encode()).hexdigest()
+    return commit, files
+
+
 def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
     """Resolve the revision to a commit and list the files with their published hashes."""
+    if source.hub == "local":
+        return resolve_local(source)
     from huggingface_hub.errors import (
         HfHubHTTPError,
         RepositoryNotFoundError,
@@ -193,7 +233,11 @@ def acquire(
     model_dir.mkdir(parents=True, exist_ok=True)
     if on_start is not None:
         on_start(sum(r.size or 0 for r in remote_files), len(remote_files))
-    endpoint = source.endpoint or constants.ENDPOINT
+    endpoint = (
+        f"file://{source.local_path}"
+        if source.hub == "local"
+        else source.endpoint or constants.ENDPOINT
+    )
     client = get_session()
     headers = build_hf_headers()
     outcomes: dict[str, Outcome] = {}
@@ -204,6 +248,14 @@ def acquire(
         if problem is None:
             return Outcome(sha256=sha256, attempts=0, bytes=0)
         target.unlink(missing_ok=True)
+        if source.hub == "local":
+            try:
+                sha = copy_verified(
+                    Path(source.local_path) / remote.path, target, _expected(remote)
+                )
+            except (TransferError, OSError) as exc:
+                return Outcome(error=str(exc), attempts=1)
+            return Outcome(sha256=sha, attempts=1, bytes=target.stat().st_size)
         url = hf_hub_url(source.repo_id, remote.path, revision=commit, endpoint=endpoint)
         return fetch(
             client,

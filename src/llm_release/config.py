@@ -15,13 +15,20 @@ class StrictModel(BaseModel):
 class SourceConfig(StrictModel):
     """Where the model comes from. ``endpoint`` points at a Hub-compatible server."""
 
-    hub: Literal["huggingface"] = "huggingface"
+    hub: Literal["huggingface", "local"] = "huggingface"
     repo_id: str = Field(
         description="Repository id on the hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct"
     )
     revision: str = Field("main", description="Branch, tag or commit; resolved to a commit first")
     endpoint: str | None = Field(None, description="Hub endpoint (HF_ENDPOINT); None uses the env")
     allow_patterns: list[str] | None = None
+    local_path: str | None = Field(None, description="for hub=local: a local or mounted folder")
+
+    @model_validator(mode="after")
+    def _local_needs_a_path(self) -> SourceConfig:
+        if (self.hub == "local") != (self.local_path is not None):
+            raise ValueError("local_path is required with hub='local' and only allowed with it")
+        return self
 
     @field_validator("repo_id")
     @classmethod

@@ -177,3 +177,25 @@ def fetch(
             if attempt < max_attempts:
                 time.sleep(min(backoff_s * 2 ** (attempt - 1), 10))
     return outcome
+
+
+def copy_verified(source: Path, target: Path, expected: Expected) -> str:
+    """Copy a local file into place, hashing the bytes as they are copied."""
+    part = target.with_name(target.name + ".part")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    hashes = _Hashes(expected.size, want_blob=False)
+    done = 0
+    with source.open("rb", buffering=0) as src, part.open("wb") as out:
+        buf = bytearray(HASH_CHUNK)
+        view = memoryview(buf)
+        while n := src.readinto(buf):
+            out.write(view[:n])
+            hashes.update(view[:n])
+            done += n
+    sha256 = hashes.sha256.hexdigest()
+    problem = check(expected, done, sha256, None)
+    if problem:
+        part.unlink(missing_ok=True)
+        raise TransferError(f"{source} changed while it was copied: {problem}")
+    os.replace(part, target)
+    return sha256

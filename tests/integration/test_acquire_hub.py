@@ -79,3 +79,22 @@ def test_paths_with_spaces_are_refused(monkeypatch, hub, tmp_path):
     monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "my models"))
     with pytest.raises(ConfigError, match="spaces"):
         acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
+
+
+def test_local_folder_source_is_copied_verified_and_content_addressed(home, tiny_model_dir):
+    source = SourceConfig(hub="local", repo_id="local/tiny", local_path=str(tiny_model_dir))
+    acquired = acquire(source)
+    check_repo_contract(acquired.model_dir)
+    for f in tiny_model_dir.iterdir():
+        assert (acquired.model_dir / f.name).read_bytes() == f.read_bytes()
+    assert acquire(source).reused
+    from llm_release.acquire import verify_dir
+
+    assert verify_dir(acquired.model_dir) == []
+
+
+def test_local_source_needs_a_path():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="local_path"):
+        SourceConfig(hub="local", repo_id="local/x")
