@@ -110,10 +110,66 @@ def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
     return commit, files
 
 
+def modelscope_endpoint(source: SourceConfig) -> str:
+    return (
+        source.endpoint or os.environ.get("MODELSCOPE_ENDPOINT") or "https://www.modelscope.cn"
+    ).rstrip("/")
+
+
+def resolve_modelscope(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
+    """List files with their SHA-256 through the modelscope SDK.
+
+    ModelScope's file API names no commit for a revision, so the local folder is named by
+    the content address of the listing (every file's SHA-256): the same bytes, the same
+    folder, and a branch that moves mid-download fails verification instead of mixing.
+    """
+    from modelscope.hub.api import HubApi
+
+    revision = "master" if source.revision == "main" else source.revision
+    api = HubApi(endpoint=modelscope_endpoint(source))
+    try:
+        infos = api.list_repo_files(source.repo_id, "model", revision=revision)
+    except Exception as exc:  # the SDK raises requests' and its own errors alike
+        raise AcquireError(
+            f"ModelScope could not list {source.repo_id}@{revision} at "
+            f"{modelscope_endpoint(source)}: {type(exc).__name__}: {str(exc)[:200]}",
+            hint="check the model id, the revision, MODELSCOPE_ENDPOINT and, for a private "
+            "model, MODELSCOPE_API_TOKEN",
+        ) from exc
+    files = [
+        RemoteFile(path=i.path, size=i.size, sha256=i.sha256, blob_id=None)
+        for i in infos
+        if getattr(i, "type", "blob") != "tree"
+        and (not source.allow_patterns or _matches(i.path, source.allow_patterns))
+    ]
+    if not files:
+        raise AcquireError(f"ModelScope lists no files for {source.repo_id}@{revision}")
+    missing = [f.path for f in files if not f.sha256]
+    if missing:
+        raise AcquireError(
+            f"ModelScope published no SHA-256 for {missing[:5]}",
+            hint="these files cannot be verified; ask the hub owner",
+        )
+    listing = json.dumps([[f.path, f.sha256] for f in sorted(files, key=lambda f: f.path)])
+    return hashlib.sha1(listing.encode()).hexdigest(), files
+
+
+def modelscope_file_url(source: SourceConfig, path: str) -> str:
+    from urllib.parse import quote_plus
+
+    revision = "master" if source.revision == "main" else source.revision
+    return (
+        f"{modelscope_endpoint(source)}/api/v1/models/{source.repo_id}/repo?"
+        f"Revision={quote_plus(revision)}&FilePath={quote_plus(path)}"
+    )
+
+
 def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
     """Resolve the revision to a commit and list the files with their published hashes."""
     if source.hub == "local":
         return resolve_local(source)
+    if source.hub == "modelscope":
+        return resolve_modelscope(source)
     from huggingface_hub.errors import (
         HfHubHTTPError,
         RepositoryNotFoundError,
@@ -256,7 +312,10 @@ def acquire(
             except (TransferError, OSError) as exc:
                 return Outcome(error=str(exc), attempts=1)
             return Outcome(sha256=sha, attempts=1, bytes=target.stat().st_size)
-        url = hf_hub_url(source.repo_id, remote.path, revision=commit, endpoint=endpoint)
+        if source.hub == "modelscope":
+            url = modelscope_file_url(source, remote.path)
+        else:
+            url = hf_hub_url(source.repo_id, remote.path, revision=commit, endpoint=endpoint)
         return fetch(
             client,
             url,

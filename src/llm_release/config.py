@@ -15,12 +15,14 @@ class StrictModel(BaseModel):
 class SourceConfig(StrictModel):
     """Where the model comes from. ``endpoint`` points at a Hub-compatible server."""
 
-    hub: Literal["huggingface", "local"] = "huggingface"
+    hub: Literal["huggingface", "modelscope", "local"] = "huggingface"
     repo_id: str = Field(
         description="Repository id on the hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct"
     )
     revision: str = Field("main", description="Branch, tag or commit; resolved to a commit first")
-    endpoint: str | None = Field(None, description="Hub endpoint (HF_ENDPOINT); None uses the env")
+    endpoint: str | None = Field(
+        None, description="hub endpoint; None uses HF_ENDPOINT / MODELSCOPE_ENDPOINT or the hub"
+    )
     allow_patterns: list[str] | None = None
     local_path: str | None = Field(None, description="for hub=local: a local or mounted folder")
 

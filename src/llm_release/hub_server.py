@@ -63,8 +63,11 @@ def describe_files(snapshot: Path) -> list[dict]:
         rel = file.relative_to(snapshot).as_posix()
         size = file.stat().st_size
         entry: dict = {"rfilename": rel, "size": size}
+        sha = sha256_file(file)
+        # Not part of the HF listing, which carries SHA-256 for LFS files only; the
+        # ModelScope file API publishes it for every file.
+        entry["sha256"] = sha
         if _is_lfs(rel, size):
-            sha = sha256_file(file)
             pointer = lfs_pointer(sha, size)
             entry["blobId"] = git_blob_sha1(pointer)
             entry["lfs"] = {"sha256": sha, "size": size, "pointerSize": len(pointer)}
@@ -165,6 +168,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         url = urlparse(self.path)
         path = unquote(url.path)
         query = parse_qs(url.query)
+        if path.startswith("/api/v1/"):
+            self._modelscope(path, query)
+            return
         info = re.fullmatch(r"/api/models/([^/]+/[^/]+?)(?:/revision/(.+))?", path)
         if info:
             self._model_info(info.group(1), info.group(2) or "main", query)
@@ -209,7 +215,69 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             }
         )
 
-    def _resolve(self, repo_id: str, revision: str, filename: str) -> None:
+    # -- ModelScope's file API (what the modelscope SDK calls), over the same storage ----
+    def _ms_json(
+        self, data: object, status: HTTPStatus = HTTPStatus.OK, message: str = "success"
+    ) -> None:
+        body = json.dumps(
+            {
+                "Code": int(status),
+                "Data": data,
+                "Message": message,
+                "RequestId": "local",
+                "Success": status == HTTPStatus.OK,
+            }
+        ).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _modelscope(self, path: str, query: dict) -> None:
+        match = re.fullmatch(r"/api/v1/models/([^/]+/[^/]+)(/revisions|/repo/files|/repo)?", path)
+        if not match:
+            self._ms_json(None, HTTPStatus.NOT_FOUND, f"no route for {path}")
+            return
+        repo = self._repo(match.group(1))
+        if repo is None:
+            self._ms_json(None, HTTPStatus.NOT_FOUND, f"model {match.group(1)} not found")
+            return
+        refs = json.loads((repo.directory / "refs.json").read_text())
+        if match.group(2) == "/revisions":
+            branches = [
+                {"Revision": name, "CommitId": commit, "CreatedAt": 0}
+                for name, commit in refs.items()
+            ]
+            self._ms_json({"RevisionMap": {"Branches": branches, "Tags": []}})
+            return
+        revision = query.get("Revision", ["master"])[0]
+        commit = repo.resolve(revision) or (repo.resolve("main") if revision == "master" else None)
+        if commit is None:
+            self._ms_json(None, HTTPStatus.NOT_FOUND, f"revision {revision} not found")
+            return
+        if match.group(2) == "/repo/files":
+            files = [
+                {
+                    "Name": e["rfilename"].rsplit("/", 1)[-1],
+                    "Path": e["rfilename"],
+                    "Type": "blob",
+                    "Size": e["size"],
+                    "Sha256": e["sha256"],
+                    "IsLFS": "lfs" in e,
+                    "CommitId": commit,
+                }
+                for e in repo.files(commit)
+            ]
+            self._ms_json({"Files": files})
+            return
+        filename = query.get("FilePath", [""])[0]
+        self._resolve(match.group(1), commit, filename, modelscope=True)
+
+    def _resolve(
+        self, repo_id: str, revision: str, filename: str, *, modelscope: bool = False
+    ) -> None:
         repo = self._repo(repo_id)
         if repo is None:
             self._send_error(
@@ -254,7 +322,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.send_header("ETag", f'"{etag}"')
         self.send_header("X-Repo-Commit", commit)
-        if "lfs" in entry:
+        if modelscope:
+            self.send_header("X-Linked-ETag", f'"{entry["sha256"]}"')
+        elif "lfs" in entry:
             self.send_header("X-Linked-Etag", f'"{etag}"')
             self.send_header("X-Linked-Size", str(size))
         if status == HTTPStatus.PARTIAL_CONTENT:

@@ -98,3 +98,30 @@ def test_local_source_needs_a_path():
 
     with pytest.raises(ValidationError, match="local_path"):
         SourceConfig(hub="local", repo_id="local/x")
+
+
+def test_modelscope_source_through_the_real_sdk(home, hub, hub_root, tiny_model_dir):
+    """The same hub speaks ModelScope's file API; the modelscope SDK lists, we stream."""
+    source = SourceConfig(hub="modelscope", repo_id=TINY_REPO, revision="main", endpoint=hub.url)
+    acquired = acquire(source)
+    check_repo_contract(acquired.model_dir)
+    for f in tiny_model_dir.iterdir():
+        assert (acquired.model_dir / f.name).read_bytes() == f.read_bytes()
+    assert acquire(source).reused
+
+
+def test_modelscope_sdk_downloads_from_the_local_hub(home, hub, tmp_path, tiny_model_dir):
+    """The real SDK's own downloader accepts our endpoint and its SHA-256 listing."""
+    from modelscope.hub.snapshot_download import snapshot_download
+
+    out = snapshot_download(
+        TINY_REPO, revision="main", endpoint=hub.url, local_dir=str(tmp_path / "ms")
+    )
+    shard = next(tiny_model_dir.glob("*.safetensors"))
+    assert (tmp_path / "ms" / shard.name).read_bytes() == shard.read_bytes()
+    assert out
+
+
+def test_modelscope_unknown_model_is_clear(home, hub):
+    with pytest.raises(AcquireError, match="ModelScope could not list"):
+        acquire(SourceConfig(hub="modelscope", repo_id="nobody/none", endpoint=hub.url))
