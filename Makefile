@@ -54,7 +54,8 @@ demo: hub-up prefect-up
 	rc=$$?; end=$$(date +%s); \
 	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	report=$$(jq -r .report $(LLM_RELEASE_HOME)/demo-result.json); \
-	echo; echo "== decision =="; sed -n '/^## Candidates/,/^## Gates/p' "$$report" | head -n -1; \
+	echo; echo "== decision =="; grep -m1 '^- \*\*Decision' "$$report"; \
+	awk '/^## /{show=($$0=="## Candidates")} show' "$$report"; \
 	echo "wall time: $$((end - start)) s"; \
 	echo "report: $$report"; \
 	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \

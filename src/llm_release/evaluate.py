@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -64,11 +65,20 @@ def task_config(eval_set: EvalSet, decoding: dict) -> dict:
 
 
 def _prompt_text(sample: dict) -> str:
+    """The chat prompt as plain text. lm-eval logs a request's args as the repr of a
+    tuple whose first element is the JSON list of chat messages."""
+    raw = (sample.get("arguments") or [[""]])[0]
+    raw = raw[0] if isinstance(raw, (list, tuple)) else raw
+    if isinstance(raw, str) and raw.startswith("("):
+        try:
+            raw = ast.literal_eval(raw)[0]
+        except (ValueError, SyntaxError, IndexError, TypeError):
+            pass
     try:
-        messages = json.loads(sample["arguments"][0][0])
+        messages = json.loads(raw)
         return "\n".join(m.get("content", "") for m in messages)
-    except (KeyError, IndexError, TypeError, json.JSONDecodeError):
-        return str((sample.get("arguments") or [[""]])[0][0])
+    except (TypeError, ValueError, AttributeError):
+        return str(raw)
 
 
 def run_evaluation(

@@ -15,9 +15,10 @@ NUMBER = re.compile(r"(?<![\w.])-?\d+(?:[.,]\d+)?")
 # A number followed by its unit: "85 N·m", "9 %", "240 °C", "3250 hours".
 NUMBER_WITH_UNIT = re.compile(r"(-?\d+(?:[.,]\d+)?)\s*(%|°\s?[CF]|[A-Za-zµ·/]+)?")
 REFUSAL = re.compile(
-    r"(?i)\b(not (stated|given|specified|mentioned|provided|in the passage|contain)|"
-    r"does not (state|say|give|specify|mention|contain|include)|no information|"
-    r"cannot (find|answer|determine)|can't (find|answer|determine)|unknown|not available)"
+    r"(?i)\b(not (stated|given|specified|mentioned|provided|listed|included|available|"
+    r"in the passage|contain)|(does not|doesn't|did not) (state|say|give|specify|mention|"
+    r"contain|include|provide|list)|no (information|mention|value)|"
+    r"(cannot|can't|unable to) (find|answer|determine)|unknown)"
 )
 
 

@@ -59,3 +59,15 @@ def test_every_metric_declares_its_direction():
 def test_unknown_metric_names_the_registered_ones():
     with pytest.raises(KeyError, match="numeric_match"):
         metrics.get("bleu")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "The passage does not provide the exact value for the interval.",
+        "The passage doesn't specify it.",
+        "That value is not listed in the passage.",
+    ],
+)
+def test_refusal_phrasings(answer):
+    assert metrics.refusal({"passage": "Set the air pressure to 6 bar."}, answer) == 1.0
