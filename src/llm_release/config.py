@@ -52,6 +52,9 @@ class CandidateConfig(StrictModel):
     scheme: Scheme
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
     group_size: int = Field(64, description="W4A16 group size; the layer widths must divide by it")
+    symmetric: bool = Field(
+        False, description="W4A16 without zero points; asymmetric (the default) loses less"
+    )
     calibration_set: str = Field("manufacturing_maintenance", description="file in calibration/")
     num_calibration_samples: int = Field(64, ge=1)
     max_seq_length: int = Field(256, ge=16)

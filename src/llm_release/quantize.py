@@ -106,7 +106,7 @@ def build_recipe(candidate: CandidateConfig, hidden_size: int, intermediate_size
         weights=QuantizationArgs(
             num_bits=4,
             type="int",
-            symmetric=True,
+            symmetric=candidate.symmetric,
             strategy="group",
             group_size=candidate.group_size,
         ),
