@@ -65,10 +65,13 @@ def task_config(eval_set: EvalSet, decoding: dict) -> dict:
 
 
 def _prompt_text(sample: dict) -> str:
-    """The chat prompt as plain text. lm-eval logs a request's args as the repr of a
-    tuple whose first element is the JSON list of chat messages."""
-    raw = (sample.get("arguments") or [[""]])[0]
-    raw = raw[0] if isinstance(raw, (list, tuple)) else raw
+    """The chat prompt as plain text. lm-eval keeps a request's args as a tuple whose
+    first element holds the JSON list of chat messages (a ``JsonChatStr`` for API models,
+    or its repr once logged)."""
+    raw: object = sample.get("arguments") or ""
+    while isinstance(raw, (list, tuple)) and not isinstance(raw, str) and raw:
+        raw = raw[0]
+    raw = getattr(raw, "prompt", raw)
     if isinstance(raw, str) and raw.startswith("("):
         try:
             raw = ast.literal_eval(raw)[0]

@@ -51,7 +51,7 @@ def test_new_eval_set_runs_against_a_real_endpoint(tmp_path, monkeypatch, tiny_m
     assert result.eval_set == "press_limits" and result.num_items == 6
     assert set(result.metrics) == {"numeric_match", "cites_source"}
     assert {i.id for i in result.items} == {f"pl-{k}" for k in range(6)}
-    assert all(i.prompt.startswith("Passage [PL-") for i in result.items)
+    assert all(i.prompt.startswith("Passage [PL-") for i in result.items), result.items[0].prompt
     assert result.gates["metrics"]["numeric_match"]["max_drop"] == 0.05
     samples = (tmp_path / "eval" / "press_limits.samples.jsonl").read_text().splitlines()
     assert len(samples) == 6

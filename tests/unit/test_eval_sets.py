@@ -182,3 +182,14 @@ def test_describe_reports_owner_size_and_gates():
     kb = rows["manufacturing_kb"]
     assert kb["owner"] and kb["items"] == 40 and kb["critical"]
     assert kb["slice_gates"][0]["tag"] == "safety"
+
+
+def test_prompt_text_from_every_shape_lm_eval_logs():
+    from collections import namedtuple
+
+    from llm_release.evaluate import _prompt_text
+
+    chat = '[{"role": "user", "content": "Passage [KB-1]: text"}]'
+    json_chat = namedtuple("JsonChatStr", ["prompt"])(chat)
+    for arguments in ([(json_chat, {})], [(chat, {})], [[repr((chat,))]]):
+        assert _prompt_text({"arguments": arguments}) == "Passage [KB-1]: text"
