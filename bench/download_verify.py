@@ -1,6 +1,7 @@
 """Benchmark: download-and-verify versus the same download with no verification.
 
-Publishes a synthetic 1 GiB model in 4 shards on the local Hub endpoint and downloads it
+Publishes a synthetic 1 GiB model in 4 shards on the local Hub endpoint (its own process)
+and downloads it
 with the acquire stage twice per round: as shipped (SHA-256 computed on the streaming
 bytes), and with the hashing replaced by a no-op — the same client, parallelism and
 writes, so the difference is the cost of verifying. Rounds alternate the order; the best
@@ -14,9 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -27,7 +30,7 @@ import _synthetic_repo  # noqa: E402
 from llm_release import download  # noqa: E402
 from llm_release.acquire import TransferSettings, acquire  # noqa: E402
 from llm_release.config import SourceConfig  # noqa: E402
-from llm_release.hub_server import HubServer  # noqa: E402
+from llm_release.serve import free_port  # noqa: E402
 
 
 class _NoHash:
@@ -76,11 +79,34 @@ def main() -> None:
         _synthetic_repo.publish(scratch, source)
         shutil.rmtree(source)
         best = {True: float("inf"), False: float("inf")}
-        with HubServer(scratch / "hub") as hub:
+        # The hub runs in its own process, as a real one does: it does not share our GIL.
+        port = free_port()
+        hub = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "llm_release.cli",
+                "hub",
+                "serve",
+                "--root",
+                str(scratch / "hub"),
+                "--port",
+                str(port),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            for _ in range(100):
+                try:
+                    urllib.request.urlopen(f"{url}/api/models/{_synthetic_repo.BENCH_REPO}")
+                    break
+                except OSError:
+                    time.sleep(0.1)
             for round_index in range(args.rounds):
                 order = (True, False) if round_index % 2 == 0 else (False, True)
                 for verify in order:
-                    seconds = timed_download(scratch, hub.url, verify)
+                    seconds = timed_download(scratch, url, verify)
                     best[verify] = min(best[verify], seconds)
                     rate = args.size_mb / seconds
                     print(
@@ -88,6 +114,9 @@ def main() -> None:
                         f"{seconds:.2f} s ({rate:.0f} MiB/s)",
                         flush=True,
                     )
+        finally:
+            hub.terminate()
+            hub.wait()
         print(
             f"size: {args.size_mb} MiB in 4 shards; best verify {best[True]:.2f} s, "
             f"best no-verify {best[False]:.2f} s"
