@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from llm_release.hub_server import publish_repo
@@ -27,5 +28,9 @@ def build(root: Path, total_mb: int = 1024, shards: int = 4) -> Path:
     return source
 
 
-def publish(root: Path, source: Path) -> str:
-    return publish_repo(root / "hub", BENCH_REPO, source)
+def prepare(root: Path, total_mb: int) -> Path:
+    """Build the repo, publish it under ``root/hub`` and drop the source copy."""
+    source = build(root, total_mb)
+    publish_repo(root / "hub", BENCH_REPO, source)
+    shutil.rmtree(source)
+    return root / "hub"

@@ -75,9 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-dl-", dir="/tmp"))
     try:
-        source = _synthetic_repo.build(scratch, args.size_mb)
-        _synthetic_repo.publish(scratch, source)
-        shutil.rmtree(source)
+        _synthetic_repo.prepare(scratch, args.size_mb)
         best = {True: float("inf"), False: float("inf")}
         # The hub runs in its own process, as a real one does: it does not share our GIL.
         port = free_port()

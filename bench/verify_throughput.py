@@ -44,9 +44,7 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-verify-", dir="/tmp"))
     try:
-        source = _synthetic_repo.build(scratch, args.size_mb)
-        _synthetic_repo.publish(scratch, source)
-        shutil.rmtree(source)
+        _synthetic_repo.prepare(scratch, args.size_mb)
         os.environ["LLM_RELEASE_HOME"] = str(scratch / "home")
         with HubServer(scratch / "hub") as hub:
             acquired = acquire(SourceConfig(repo_id=_synthetic_repo.BENCH_REPO, endpoint=hub.url))

@@ -10,12 +10,10 @@ tests fast.
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 
 from .errors import ConfigError
-from .fileio import atomic_write_json
 
 DEMO_REPO_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -130,12 +128,3 @@ def build_tiny_model(
 
 def _write_readme(directory: Path, text: str) -> None:
     (directory / "README.md").write_text(f"# {directory.name}\n\n{text}\n")
-
-
-def shard_count(model_dir: Path) -> int:
-    index = json.loads((Path(model_dir) / "model.safetensors.index.json").read_text())
-    return len(set(index["weight_map"].values()))
-
-
-def write_marker(directory: Path, payload: dict) -> None:
-    atomic_write_json(Path(directory) / "llm-release-source.json", payload)
