@@ -71,7 +71,7 @@ def timed_download(scratch: Path, url: str, verify: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-dl-", dir="/tmp"))
     try:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +46,29 @@ class _Hashes:
         self.sha256.update(data)
         if self.blob is not None:
             self.blob.update(data)
+
+
+class _HashPipe:
+    """Hashes chunks on a thread of its own, so the next network read and file write go
+    on while the previous chunk is hashed (hashlib releases the GIL on large buffers).
+    Without it a single stream pays receive + write + hash in series."""
+
+    def __init__(self, hashes: _Hashes) -> None:
+        self.hashes = hashes
+        self.queue: queue.Queue[bytes | None] = queue.Queue(maxsize=16)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self.queue.get()) is not None:
+            self.hashes.update(chunk)
+
+    def update(self, chunk: bytes) -> None:
+        self.queue.put(chunk)
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
 
 
 def _hash_existing(path: Path, hashes: _Hashes) -> int:
@@ -110,12 +135,16 @@ def fetch_once(
                     hashes = _Hashes(expected.size, want_blob=expected.sha256 is None)
                     offset = done = 0
                 with part.open("ab" if offset else "wb") as out:
-                    for chunk in response.iter_bytes(CHUNK):
-                        out.write(chunk)
-                        hashes.update(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(expected.path, len(chunk))
+                    pipe = _HashPipe(hashes)
+                    try:
+                        for chunk in response.iter_bytes(CHUNK):
+                            out.write(chunk)
+                            pipe.update(chunk)
+                            done += len(chunk)
+                            if progress:
+                                progress(expected.path, len(chunk))
+                    finally:
+                        pipe.close()
         except httpx.TimeoutException as exc:
             raise TransferError(
                 f"stalled: no bytes for {stall_timeout_s:.0f}s "
