@@ -217,11 +217,6 @@ def _matches(path: str, patterns: list[str]) -> bool:
     return any(fnmatch(path, p) for p in patterns)
 
 
-def verify_file(path: Path, remote: RemoteFile) -> str | None:
-    """None when ``path`` matches what the hub published, else why not."""
-    return _verify_existing(path, remote)[0]
-
-
 def _verify_existing(path: Path, remote: RemoteFile) -> tuple[str | None, str | None]:
     if not path.exists():
         return "missing", None
