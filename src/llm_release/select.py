@@ -186,27 +186,19 @@ def _drop_verdict(
 ) -> GateVerdict:
     where = f"{ev.eval_set}[{tag}]" if tag else ev.eval_set
     name = f"{where}/{metric}:drop"
-    if base is None:
+
+    def cannot_compare(why: str) -> GateVerdict:
         return GateVerdict(
-            gate=name,
-            passed=False,
-            value=None,
-            threshold=max_drop,
-            blocking=blocking,
-            detail="the baseline has no result for this set",
+            gate=name, passed=False, value=None, threshold=max_drop, blocking=blocking, detail=why
         )
+
+    if base is None:
+        return cannot_compare("the baseline has no result for this set")
     p = paired(
         base, ev, metric, confidence=spec.confidence, tag=tag, higher_is_better=higher_is_better
     )
     if p.n == 0:
-        return GateVerdict(
-            gate=name,
-            passed=False,
-            value=None,
-            threshold=max_drop,
-            blocking=blocking,
-            detail="no item in common with the baseline",
-        )
+        return cannot_compare("no item in common with the baseline")
     beyond = p.ci_low > max_drop + 1e-12
     low_score = min_score is not None and p.cand_score < min_score
     detail = (
