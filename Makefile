@@ -25,6 +25,7 @@ help:
 
 setup:
 	@bash scripts/setup.sh
+	@mkdir -p $(PREFECT_HOME)
 
 hub-up: setup
 	@mkdir -p $(PIDS)

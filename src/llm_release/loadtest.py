@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 from .config import LoadProfile
 from .errors import LoadTestError
 from .results import LoadLevel, LoadResult
+
+log = logging.getLogger(__name__)
 
 
 def build_command(
@@ -50,7 +53,15 @@ def _stat(metric: dict, key: str, field: str = "successful") -> float:
     return float((block.get("percentiles") or {}).get(key) or 0.0)
 
 
-def parse_report(report: dict) -> list[LoadLevel]:
+def _stopped_by_time(bench: dict) -> bool:
+    state = bench.get("scheduler_state") or {}
+    for key in ("end_queuing_constraints", "end_processing_constraints"):
+        if "max_duration" in (state.get(key) or {}):
+            return True
+    return False
+
+
+def parse_report(report: dict, requests_planned: int = 0) -> list[LoadLevel]:
     levels = []
     for bench in report.get("benchmarks", []):
         strategy = bench["config"]["strategy"]
@@ -63,6 +74,8 @@ def parse_report(report: dict) -> list[LoadLevel]:
             LoadLevel(
                 concurrency=int(strategy.get("streams") or strategy.get("max_concurrency") or 0),
                 requests=done + errors,
+                requests_planned=requests_planned,
+                time_limited=_stopped_by_time(bench),
                 errors=errors,
                 error_rate=errors / total,
                 ttft_p50_ms=_stat(metrics["time_to_first_token_ms"], "p50"),
@@ -76,20 +89,34 @@ def parse_report(report: dict) -> list[LoadLevel]:
     return levels
 
 
-def run_load_test(
-    base_url: str, served_name: str, tokenizer_dir: Path, profile: LoadProfile, out_dir: Path
-) -> LoadResult:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    report_path = out_dir / "guidellm.json"
-    log_path = out_dir / "guidellm.log"
+def short_levels(levels: list[LoadLevel]) -> list[int]:
+    """Levels that recorded fewer requests than planned although no time limit stopped them.
+
+    GuideLLM 0.8.1 can close a level while requests are still queued when they finish in
+    tens of milliseconds (a race in its scheduler); such a level measured less than it was
+    asked to and is run again.
+    """
+    return [
+        lv.concurrency for lv in levels if lv.requests < lv.requests_planned and not lv.time_limited
+    ]
+
+
+def _run_guidellm(
+    base_url: str,
+    served_name: str,
+    tokenizer_dir: Path,
+    profile: LoadProfile,
+    report_path: Path,
+    log_path: Path,
+) -> list[LoadLevel]:
     cmd = build_command(base_url, served_name, tokenizer_dir, profile, report_path)
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
-    with log_path.open("wb") as log:
+    with log_path.open("wb") as log_file:
         try:
             proc = subprocess.run(
                 cmd,
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
                 timeout=budget,
@@ -100,7 +127,72 @@ def run_load_test(
     if proc.returncode != 0 or not report_path.exists():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise LoadTestError(f"GuideLLM exited with {proc.returncode}; log tail:\n{tail}")
-    levels = parse_report(json.loads(report_path.read_text()))
+    levels = parse_report(json.loads(report_path.read_text()), profile.requests_per_level)
     if not levels:
         raise LoadTestError(f"GuideLLM wrote no benchmark into {report_path}")
-    return LoadResult(levels=levels, report_path=str(report_path))
+    return levels
+
+
+def run_load_test(
+    base_url: str,
+    served_name: str,
+    tokenizer_dir: Path,
+    profile: LoadProfile,
+    out_dir: Path,
+    max_attempts: int = 3,
+) -> LoadResult:
+    """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
+    times in all, and the fullest measurement of each level is kept."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    measured: dict[int, LoadLevel] = {}
+    pending = list(profile.concurrencies)
+    attempt = 0
+    while pending and attempt < max_attempts:
+        attempt += 1
+        suffix = "" if attempt == 1 else f"-attempt{attempt}"
+        sweep = profile.model_copy(update={"concurrencies": pending})
+        for level in _run_guidellm(
+            base_url,
+            served_name,
+            tokenizer_dir,
+            sweep,
+            out_dir / f"guidellm{suffix}.json",
+            out_dir / f"guidellm{suffix}.log",
+        ):
+            kept = measured.get(level.concurrency)
+            if kept is None or level.requests > kept.requests:
+                measured[level.concurrency] = level
+        missing = [c for c in pending if c not in measured]
+        pending = sorted(missing + short_levels([measured[c] for c in pending if c in measured]))
+        if pending and attempt < max_attempts:
+            log.warning(
+                "%s: GuideLLM closed concurrency %s before all %d requests were recorded; "
+                "running %s again",
+                served_name,
+                pending,
+                profile.requests_per_level,
+                "it" if len(pending) == 1 else "them",
+            )
+    never = [c for c in profile.concurrencies if c not in measured]
+    if never:
+        raise LoadTestError(
+            f"GuideLLM reported no benchmark for concurrency {never} in {attempt} runs; "
+            f"see the guidellm*.log files in {out_dir}"
+        )
+    levels = sorted(measured.values(), key=lambda lv: lv.concurrency)
+    notes = [
+        f"concurrency {lv.concurrency}: {lv.requests} of {lv.requests_planned} requests "
+        + (
+            "(stopped by max_seconds_per_level)"
+            if lv.time_limited
+            else f"(GuideLLM closed the level early in each of {attempt} runs)"
+        )
+        for lv in levels
+        if lv.requests < lv.requests_planned
+    ]
+    return LoadResult(
+        levels=levels,
+        report_path=str(out_dir / "guidellm.json"),
+        attempts=attempt,
+        notes=notes,
+    )

@@ -113,6 +113,9 @@ def render_markdown(
                 f"{lv.ttft_p50_ms:.0f} | {lv.ttft_p95_ms:.0f} | {lv.itl_p50_ms:.1f} | "
                 f"{lv.output_tokens_per_s:.1f} |"
             )
+    load_notes = [f"- {r.name}, {note}" for r in results if r.load for note in r.load.notes]
+    if load_notes:
+        lines += ["", "Levels that measured fewer requests than planned:", "", *load_notes]
     lines += ["", "## Rule", "", decision.rule, ""]
     failed = [r for r in results if r.status == "failed"]
     if failed:

@@ -44,6 +44,8 @@ class EvalResult(Record):
 class LoadLevel(Record):
     concurrency: int
     requests: int
+    requests_planned: int = Field(0, description="the profile's requests_per_level")
+    time_limited: bool = Field(False, description="the level stopped at max_seconds_per_level")
     errors: int
     error_rate: float
     ttft_p50_ms: float
@@ -57,6 +59,8 @@ class LoadLevel(Record):
 class LoadResult(Record):
     levels: list[LoadLevel]
     report_path: str | None = None
+    attempts: int = 1
+    notes: list[str] = Field(default_factory=list)
 
 
 class CandidateResult(Record):

@@ -67,6 +67,7 @@ def test_report_shows_slices_intervals_gates_and_disagreements():
         candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"]),
         candidate("w4a16", [0, 1, 1, 0], ["7 bar", "1 bar", "2 bar", "x"]),
     ]
+    results[1].load.notes = ["concurrency 4: 3 of 8 requests (stopped by max_seconds_per_level)"]
     decision = decide(results, Gates())
     text = render_markdown(
         title="t",
@@ -83,3 +84,5 @@ def test_report_shows_slices_intervals_gates_and_disagreements():
     assert "| i0 | prompt 0 | 0 bar | 0 bar (1) | 7 bar (0) |" in text
     # Two items cannot show a drop with 95% confidence: reported, and it passes.
     assert "kb[safety]/numeric_match:drop | pass | 0.5 | 0 |" in text
+    assert "- w4a16, concurrency 4: 3 of 8 requests (stopped by max_seconds_per_level)" in text
+    assert "- baseline, concurrency" not in text

@@ -1,0 +1,92 @@
+"""Reading GuideLLM's report, and running again a level it closed before all requests ran."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from llm_release import loadtest
+from llm_release.config import LoadProfile
+from llm_release.errors import LoadTestError
+from llm_release.results import LoadLevel
+
+# A real GuideLLM 0.8.1 report from CI: concurrency 1 was closed after 2 of 4 requests while
+# one was still queued (per-request records dropped to keep the file small).
+CLOSED_EARLY = json.loads(
+    (Path(__file__).parent / "data" / "guidellm_level_closed_early.json").read_text()
+)
+
+
+def level(concurrency: int, requests: int, planned: int = 4, time_limited=False) -> LoadLevel:
+    return LoadLevel(
+        concurrency=concurrency,
+        requests=requests,
+        requests_planned=planned,
+        time_limited=time_limited,
+        errors=0,
+        error_rate=0.0,
+        ttft_p50_ms=10.0,
+        ttft_p95_ms=20.0 + requests,
+        itl_p50_ms=1.0,
+        itl_p95_ms=2.0,
+        output_tokens_per_s=100.0,
+        requests_per_s=1.0,
+    )
+
+
+def test_a_level_closed_early_is_recognised_in_a_real_report():
+    levels = loadtest.parse_report(CLOSED_EARLY, requests_planned=4)
+    assert [(lv.concurrency, lv.requests) for lv in levels] == [(1, 2), (2, 4)]
+    assert not any(lv.time_limited for lv in levels)
+    assert levels[0].ttft_p95_ms > 0
+    assert loadtest.short_levels(levels) == [1]
+
+
+def test_a_level_stopped_by_the_time_limit_is_not_run_again():
+    report = copy.deepcopy(CLOSED_EARLY)
+    state = report["benchmarks"][0]["scheduler_state"]
+    state["end_queuing_constraints"] = {"max_duration": {"request_queuing": "stop"}}
+    levels = loadtest.parse_report(report, requests_planned=4)
+    assert levels[0].time_limited
+    assert loadtest.short_levels(levels) == []
+
+
+def fake_guidellm(monkeypatch, runs: list[list[LoadLevel]]) -> list[list[int]]:
+    """Replace only the subprocess: each call returns the next run's levels."""
+    asked: list[list[int]] = []
+
+    def run(base_url, served_name, tokenizer_dir, profile, report_path, log_path):
+        asked.append(list(profile.concurrencies))
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(loadtest, "_run_guidellm", run)
+    return asked
+
+
+PROFILE = LoadProfile(concurrencies=[1, 2], requests_per_level=4)
+
+
+def test_only_the_short_level_runs_again_and_the_full_measurement_is_kept(monkeypatch, tmp_path):
+    asked = fake_guidellm(monkeypatch, [[level(1, 2), level(2, 4)], [level(1, 4)]])
+    result = loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+    assert asked == [[1, 2], [1]]
+    assert [(lv.concurrency, lv.requests) for lv in result.levels] == [(1, 4), (2, 4)]
+    assert result.attempts == 2 and result.notes == []
+
+
+def test_a_level_short_in_every_run_is_kept_with_a_note(monkeypatch, tmp_path):
+    runs = [[level(1, 2), level(2, 4)], [level(1, 3)], [level(1, 1)]]
+    asked = fake_guidellm(monkeypatch, runs)
+    result = loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+    assert asked == [[1, 2], [1], [1]]
+    assert result.levels[0].requests == 3
+    assert result.notes == [
+        "concurrency 1: 3 of 4 requests (GuideLLM closed the level early in each of 3 runs)"
+    ]
+
+
+def test_a_level_never_reported_fails_the_load_test(monkeypatch, tmp_path):
+    fake_guidellm(monkeypatch, [[level(1, 4)], [], []])
+    with pytest.raises(LoadTestError, match=r"no benchmark for concurrency \[2\]"):
+        loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
