@@ -9,6 +9,10 @@ import pytest
 from llm_release.hub_server import HubServer, publish_repo
 from tests.helpers import TINY_REPO
 
+# Core code logs through 'llm_release' loggers that Prefect forwards inside a flow run;
+# tests that call the core outside one need no warning about it.
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:

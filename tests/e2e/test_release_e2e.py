@@ -1,6 +1,7 @@
 """The whole release flow on a tiny model: real Prefect, vLLM, lm-eval, GuideLLM, HAProxy."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -8,6 +9,7 @@ import pytest
 import requests
 
 from llm_release import registry
+from llm_release.hub_server import publish_repo
 from tests.helpers import TINY_REPO, vllm_processes
 
 pytestmark = [pytest.mark.slow]
@@ -37,7 +39,7 @@ def lb_get(url: str, count: int) -> None:
         assert requests.get(f"{url}/v1/models", timeout=10).status_code == 200
 
 
-def test_release_end_to_end(prefect_api, home, hub):
+def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path):
     from flows.release import release
     from llm_release.serve import free_port
 
@@ -122,6 +124,33 @@ def test_release_end_to_end(prefect_api, home, hub):
 
     update = model_update(repo_id=TINY_REPO, hub_endpoint=hub.url)
     assert update == {"status": "up-to-date", "commit": state.stable.commit}
+
+    # Upstream moves 'main' to a new commit: the next check releases it. With no quantized
+    # candidate the new commit's baseline is the contender, and it goes out as the canary.
+    moved = tmp_path / "moved"
+    shutil.copytree(tiny_model_dir, moved)
+    generation = json.loads((moved / "generation_config.json").read_text())
+    (moved / "generation_config.json").write_text(json.dumps(generation | {"top_k": 20}))
+    new_commit = publish_repo(hub_root, TINY_REPO, moved)
+    assert new_commit != state.stable.commit
+    update = model_update(
+        repo_id=TINY_REPO,
+        hub_endpoint=hub.url,
+        release_parameters={
+            "candidates": [],
+            "serving": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
+            "evaluation": {"limit": 4},
+            "load": {"concurrencies": [1], "requests_per_level": 2, "output_tokens": 8},
+            "gates": {"ttft_p95_slo_s": 120},
+            "router_port": router_port,
+        },
+    )
+    assert update["status"] == "released" and update["commit"] == new_commit
+    assert update["winner"] == "baseline", update["summary"]
+    status = json.loads(cli("canary", "status", "--json"))
+    commits = {r["role"]: r["commit"] for r in status["releases"]}
+    assert commits == {"stable": state.stable.commit, "canary": new_commit}
+    assert len(vllm_processes()) == 2
 
     cli("down")
     assert vllm_processes() == []
