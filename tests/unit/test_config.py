@@ -1,6 +1,11 @@
+import inspect
+import json
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
+from flows.release import release
 from llm_release.config import CandidateConfig, LoadProfile, ReleaseConfig, ServingConfig
 
 
@@ -49,3 +54,10 @@ def test_concurrencies_sorted_and_positive():
 def test_defaults_build_two_quantized_candidates():
     config = ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}})
     assert [c.scheme for c in config.candidates] == ["FP8_DYNAMIC", "W4A16_AWQ"]
+
+
+def test_the_demo_config_is_valid_release_parameters():
+    params = json.loads((Path(__file__).parents[2] / "configs" / "demo.json").read_text())
+    assert set(params) <= set(inspect.signature(release.fn).parameters)
+    config = ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}, **params})
+    assert config.gates.ttft_p95_slo_s == params["gates"]["ttft_p95_slo_s"]
