@@ -24,7 +24,7 @@ help:
 	@echo "make status    show the releases behind the load balancer"
 
 setup:
-	@bash scripts/setup.sh
+	@start=$$(date +%s); bash scripts/setup.sh && echo "setup: $$(( $$(date +%s) - start )) s"
 	@mkdir -p $(PREFECT_HOME)
 
 hub-up: setup
@@ -56,8 +56,8 @@ demo: hub-up prefect-up
 	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	report=$$(jq -r .report $(LLM_RELEASE_HOME)/demo-result.json); \
 	echo; echo "== decision =="; grep -m1 '^- \*\*Decision' "$$report"; \
-	awk '/^## /{show=($$0=="## Candidates")} show' "$$report"; \
-	echo "wall time: $$((end - start)) s"; \
+	awk '/^## /{show=($$0=="## Host" || $$0=="## Candidates" || $$0=="## Stage timings")} show' "$$report"; \
+	echo "release wall time (after setup): $$((end - start)) s"; \
 	echo "report: $$report"; \
 	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
 	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \

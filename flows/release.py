@@ -33,6 +33,7 @@ from llm_release.results import CandidateResult
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_candidate
 from tasks.decide import select_winner
+from tasks.probe import probe_host
 from tasks.promote import promote_release
 from tasks.quantize import quantize_candidate
 from tasks.report import publish_report
@@ -83,21 +84,35 @@ def release(
     seconds["acquire"] = time.monotonic() - mark
 
     mark = time.monotonic()
+    host = probe_host(acquired.model_dir, config.candidates, config.serving)
+    serving = config.serving.model_copy(update={"dtype": host.served_dtype})
+    seconds["probe"] = time.monotonic() - mark
+
+    results: list[CandidateResult] = []
+    buildable = []
+    for c in config.candidates:
+        reason = host.skip_reason(c.name)
+        if reason:
+            results.append(
+                CandidateResult(name=c.name, scheme=c.scheme, status="skipped", error=reason)
+            )
+        else:
+            buildable.append(c)
+    mark = time.monotonic()
     built: dict[str, Quantized | str] = {
-        c.name: quantize_candidate(acquired.model_dir, c) for c in config.candidates
+        c.name: quantize_candidate(acquired.model_dir, c) for c in buildable
     }
     seconds["quantize"] = time.monotonic() - mark
 
     public_name = config.source.repo_id.split("/")[-1]
-    schemes = {BASELINE: "bf16 (unquantized)"} | {c.name: c.scheme for c in config.candidates}
-    serving_for = {BASELINE: config.serving} | {
-        c.name: config.serving.model_copy(
-            update={"extra_args": config.serving.extra_args + c.extra_serving_args}
-        )
+    schemes = {BASELINE: f"unquantized ({serving.dtype})"} | {
+        c.name: c.scheme for c in config.candidates
+    }
+    serving_for = {BASELINE: serving} | {
+        c.name: serving.model_copy(update={"extra_args": serving.extra_args + c.extra_serving_args})
         for c in config.candidates
     }
     dirs: dict[str, Path] = {BASELINE: acquired.model_dir}
-    results: list[CandidateResult] = []
     for name, outcome in built.items():
         if isinstance(outcome, Quantized):
             dirs[name] = outcome.model_dir
@@ -171,6 +186,7 @@ def release(
     markdown = render_markdown(
         title=f"Release {run_id}: {acquired.repo_id}",
         source=source,
+        host=host,
         results=results,
         decision=decision,
         stage_seconds={k: round(v, 1) for k, v in seconds.items()},
@@ -180,6 +196,7 @@ def release(
         "run_id": run_id,
         "source": source,
         "config": config.model_dump(),
+        "host": host.model_dump(),
         "results": [r.model_dump() for r in results],
         "decision": decision.model_dump(),
         "stage_seconds": seconds,
@@ -193,6 +210,8 @@ def release(
         "summary": decision.summary,
         "deployment": deployment,
         "stage_seconds": seconds,
+        "host": host.host.describe(),
+        "skipped": {r.name: r.error for r in results if r.status == "skipped"},
     }
 
 

@@ -12,6 +12,9 @@ from tests.helpers import TINY_REPO
 # Core code logs through 'llm_release' loggers that Prefect forwards inside a flow run;
 # tests that call the core outside one need no warning about it.
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+# Host probes (served dtype, scheme support) are cached per host and runtime; one cache for
+# the whole session, so each test home does not probe the same runtime again.
+os.environ.setdefault("LLM_RELEASE_PROBES", tempfile.mkdtemp(prefix="llmr-probes-"))
 
 
 @pytest.fixture(scope="session")

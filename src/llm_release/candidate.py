@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .config import EvalConfig, LoadProfile, ServingConfig
@@ -44,22 +46,24 @@ def measure(
         with server:
             seconds["serve_start"] = time.monotonic() - started
             log.info("%s: healthy at %s after %.0fs", name, server.base_url, seconds["serve_start"])
-            mark = time.monotonic()
-            result.evals = run_evaluation(
-                server.base_url,
-                name,
-                evaluation.eval_sets,
-                out_dir / "eval",
-                num_concurrent=evaluation.num_concurrent,
-                limit=evaluation.limit,
-            )
-            seconds["evaluate"] = time.monotonic() - mark
+            with _server_watch(server, "evaluation"):
+                mark = time.monotonic()
+                result.evals = run_evaluation(
+                    server.base_url,
+                    name,
+                    evaluation.eval_sets,
+                    out_dir / "eval",
+                    num_concurrent=evaluation.num_concurrent,
+                    limit=evaluation.limit,
+                )
+                seconds["evaluate"] = time.monotonic() - mark
             log.info("%s: evaluated in %.0fs", name, seconds["evaluate"])
-            mark = time.monotonic()
-            result.load = run_load_test(
-                server.base_url, name, tokenizer_dir, load, out_dir / "load"
-            )
-            seconds["loadtest"] = time.monotonic() - mark
+            with _server_watch(server, "the load test"):
+                mark = time.monotonic()
+                result.load = run_load_test(
+                    server.base_url, name, tokenizer_dir, load, out_dir / "load"
+                )
+                seconds["loadtest"] = time.monotonic() - mark
             log.info("%s: load-tested in %.0fs", name, seconds["loadtest"])
             mark = time.monotonic()
         seconds["teardown"] = time.monotonic() - mark
@@ -69,3 +73,16 @@ def measure(
         result.error = f"{type(exc).__name__}: {exc}"
     result.stage_seconds = {k: round(v, 2) for k, v in seconds.items()}
     return result
+
+
+@contextmanager
+def _server_watch(server: VllmServer, stage: str) -> Iterator[None]:
+    """A client error while the server is dead becomes the server's own cause and log tail:
+    the client saw only a refused connection."""
+    try:
+        yield
+    except Exception as exc:
+        if server.alive():
+            raise
+        first = (str(exc).splitlines() or [""])[0]
+        raise server.died_error(stage, f"{type(exc).__name__}: {first}") from exc

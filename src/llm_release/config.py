@@ -79,7 +79,17 @@ class ServingConfig(StrictModel):
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (GiB) on CPU")
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    dtype: Literal["fastest", "auto", "bfloat16", "float16", "float32"] = Field(
+        "fastest",
+        description="fastest: bfloat16 on a GPU; on a CPU the faster of bfloat16 and float32 "
+        "in the serving runtime, measured at the model's layer shape (float32 on CPUs without "
+        "native bf16). Other values go to vLLM's --dtype as they are.",
+    )
+    probe_schemes: bool = Field(
+        True,
+        description="before quantizing, check with a tiny model that the serving runtime can "
+        "serve each candidate's scheme on this host (cached per host and runtime version)",
+    )
     extra_args: list[str] = Field(default_factory=list, description="passed to vLLM verbatim")
     startup_timeout_s: float = Field(900, gt=0)
 

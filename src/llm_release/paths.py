@@ -49,3 +49,10 @@ def models_dir() -> Path:
 
 def router_dir() -> Path:
     return home() / "router"
+
+
+def probes_dir() -> Path:
+    """Cached runtime probes (served dtype, scheme support), keyed by host and runtime
+    version; shared across runs and, in tests, across test homes."""
+    env = os.environ.get("LLM_RELEASE_PROBES")
+    return Path(env).resolve() if env else home() / "probes"

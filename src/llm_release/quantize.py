@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from . import paths
+from . import hardware, paths
 from .config import CandidateConfig
 from .errors import ConfigError, QuantizeError
 from .fileio import atomic_write_json, sha256_file
@@ -32,6 +32,7 @@ class Quantized:
     cached: bool
     seconds: float
     device: str
+    compute_dtype: str = "auto"
 
 
 def calibration_path(name: str) -> Path:
@@ -72,15 +73,18 @@ def _model_fingerprint(model_dir: Path) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def cache_key(model_dir: Path, candidate: CandidateConfig) -> str:
+def cache_key(model_dir: Path, candidate: CandidateConfig, compute_dtype: str = "auto") -> str:
     parts = {
         "model": _model_fingerprint(model_dir),
-        "recipe": candidate.model_dump(exclude={"name"}),
+        "recipe": candidate.model_dump(exclude={"name", "extra_serving_args"}),
         "llmcompressor": version("llmcompressor"),
         "compressed_tensors": version("compressed-tensors"),
     }
     if candidate.scheme == "W4A16_AWQ":
         parts["calibration"] = sha256_file(calibration_path(candidate.calibration_set))
+    if compute_dtype != "auto":
+        # Calibrating in float32 gives (slightly) different scales than in bf16.
+        parts["compute_dtype"] = compute_dtype
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
@@ -144,16 +148,33 @@ def check_artifact(model_dir: Path, scheme: str) -> None:
 
 
 def quantize(
-    model_dir: Path, candidate: CandidateConfig, out_root: Path | None = None
+    model_dir: Path,
+    candidate: CandidateConfig,
+    out_root: Path | None = None,
+    *,
+    host: hardware.Hardware | None = None,
 ) -> Quantized:
+    """``host`` decides the device and the dtype of the math: the checkpoint's own dtype on a
+    GPU or a CPU with native bf16, float32 on a CPU without (see ``hardware.compute_dtype``).
+    The artifact is saved in the checkpoint's dtype either way."""
     model_dir = Path(model_dir)
+    host = host or hardware.detect()
+    compute_dtype = hardware.compute_dtype(host)
     out_root = Path(out_root) if out_root else paths.home() / "candidates"
-    key = cache_key(model_dir, candidate)
+    key = cache_key(model_dir, candidate, compute_dtype)
     out_dir = out_root / f"{candidate.name}-{key[:16]}"
     record_path = out_dir / RECORD
     if record_path.exists():
         record = json.loads(record_path.read_text())
-        return Quantized(candidate.name, out_dir, key, True, 0.0, record.get("device", "?"))
+        return Quantized(
+            candidate.name,
+            out_dir,
+            key,
+            True,
+            0.0,
+            record.get("device", "?"),
+            record.get("compute_dtype", "auto"),
+        )
 
     import torch
     from datasets import Dataset
@@ -165,9 +186,12 @@ def quantize(
     started = time.monotonic()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype="auto", device_map=device if device == "cuda" else None
+        model_dir,
+        dtype=torch.float32 if compute_dtype == "float32" else "auto",
+        device_map=device if device == "cuda" else None,
     )
     config = model.config
+    saved_dtype = _checkpoint_dtype(model_dir, torch)
     recipe = build_recipe(candidate, config.hidden_size, config.intermediate_size)
     kwargs = {}
     if candidate.scheme == "W4A16_AWQ":
@@ -187,6 +211,11 @@ def quantize(
         ) from exc
     staging = out_root / f".{out_dir.name}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
+    if saved_dtype is not None and compute_dtype == "float32":
+        # Back to the checkpoint's dtype: the unquantized layers (embeddings, norms, lm_head)
+        # and the scales are then stored as a bf16 run stores them, at half the float32 size.
+        model.to(saved_dtype)
+        model.config.dtype = saved_dtype
     model.save_pretrained(staging, save_compressed=True)
     tokenizer.save_pretrained(staging)
     for extra in ("generation_config.json", "chat_template.jinja"):
@@ -201,13 +230,23 @@ def quantize(
             "cache_key": key,
             "source_model": str(model_dir),
             "device": device,
+            "compute_dtype": compute_dtype,
+            "host": host.describe(),
             "seconds": round(seconds, 2),
             "llmcompressor": version("llmcompressor"),
         },
     )
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
-    return Quantized(candidate.name, out_dir, key, False, seconds, device)
+    return Quantized(candidate.name, out_dir, key, False, seconds, device, compute_dtype)
+
+
+def _checkpoint_dtype(model_dir: Path, torch):
+    """The dtype the checkpoint declares (``dtype`` or the older ``torch_dtype``), or None."""
+    config = json.loads((model_dir / "config.json").read_text())
+    name = config.get("dtype") or config.get("torch_dtype")
+    value = getattr(torch, name, None) if isinstance(name, str) else None
+    return value if isinstance(value, torch.dtype) else None
 
 
 def dir_size(model_dir: Path) -> int:

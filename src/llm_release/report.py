@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .config import BASELINE
 from .fileio import atomic_write_text
+from .probe import ServingPlan
 from .results import CandidateResult, Decision, EvalResult
 from .select import paired
 from .stats import bootstrap_mean_ci
@@ -42,7 +43,9 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
                 if r.load
                 else None,
                 "eligible": bool(verdict and verdict.eligible),
-                "verdict": "WINNER"
+                "verdict": "skipped"
+                if r.status == "skipped"
+                else "WINNER"
                 if decision.winner == r.name
                 else (
                     "stable"
@@ -54,10 +57,38 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
     return rows
 
 
+def host_section(host: ServingPlan) -> list[str]:
+    """Which CPU and runtime the figures come from, and what was skipped on them and why."""
+    lines = [
+        "## Host",
+        "",
+        f"- **Host:** {host.host.describe()}",
+        f"- **Serving runtime:** vLLM {host.runtime.vllm}, torch {host.runtime.torch} "
+        f"(kernels: {host.runtime.torch_cpu_capability})",
+        f"- **Served dtype:** {host.served_dtype} — {host.dtype_reason}",
+        f"- **Calibration dtype:** {host.calibration_dtype}",
+        "",
+    ]
+    if host.schemes:
+        lines += [
+            "| candidate | scheme | on this host | probe | reason |",
+            "|---|---|---|---|---|",
+        ]
+        for s in host.schemes:
+            probe = "cached" if s.cached else f"{s.seconds:.0f} s"
+            status = "SKIPPED" if s.status == "unsupported" else s.status
+            lines.append(
+                f"| {s.candidate} | {s.scheme} | {status} | {probe} | {s.reason.replace('|', '/')} |"
+            )
+        lines.append("")
+    return lines
+
+
 def render_markdown(
     *,
     title: str,
     source: dict,
+    host: ServingPlan | None = None,
     results: list[CandidateResult],
     decision: Decision,
     stage_seconds: dict[str, float],
@@ -70,6 +101,8 @@ def render_markdown(
         f"- **Decision:** {decision.summary}",
         "",
     ]
+    if host is not None:
+        lines += host_section(host)
     rows = candidate_rows(results, decision)
     if rows:
         headers = list(dict.fromkeys(k for row in rows for k in row))

@@ -68,8 +68,8 @@ class CandidateResult(Record):
     scheme: str
     model_dir: str | None = None
     size_bytes: int | None = None
-    status: Literal["measured", "failed"]
-    error: str | None = None
+    status: Literal["measured", "failed", "skipped"]
+    error: str | None = Field(None, description="why it failed, or why it was skipped")
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     evals: list[EvalResult] = Field(default_factory=list)
     load: LoadResult | None = None

@@ -83,7 +83,9 @@ def judge(
             passed=served,
             value=None,
             threshold=None,
-            detail="served and measured" if served else f"failed: {_first_line(result.error)}",
+            detail="served and measured"
+            if served
+            else f"{result.status}: {_first_line(result.error)}",
         )
     )
     if served:

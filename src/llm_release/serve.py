@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from . import paths
+from . import hardware, paths
 from .config import ServingConfig
 from .errors import ConfigError, ServeError
 
@@ -22,6 +23,11 @@ LOG_TAIL_LINES = 40
 
 # (pattern in the server log, what it most likely means)
 LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
+    (
+        # vLLM CPU 0.32's AVX2 library has no W4A16 kernel: healthy, then dead at request one.
+        re.compile(r"'_OpNamespace' '_C' object has no attribute '\w+'|has no attribute 'cpu_\w+'"),
+        "this vLLM build has no kernel for this quantization scheme on this processor",
+    ),
     (
         re.compile(r"(?i)out of memory|CUDA error: out of memory|Cannot allocate memory"),
         "out of memory: lower max-model-len / max-num-seqs, or the KV-cache size",
@@ -52,6 +58,15 @@ def likely_cause(log_text: str) -> str:
     for pattern, cause in LIKELY_CAUSES:
         if pattern.search(log_text):
             return cause
+    return "see the log tail below"
+
+
+def diagnose(log_text: str) -> str:
+    """The likely cause, with the log line that shows it (it is often far above the tail)."""
+    for pattern, cause in LIKELY_CAUSES:
+        match = pattern.search(log_text)
+        if match:
+            return f"{cause} (log: {match.group(0)!r})"
     return "see the log tail below"
 
 
@@ -103,6 +118,18 @@ def build_command(
         cmd += ["--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
     cmd += serving.extra_args
     return cmd
+
+
+def resolve_dtype(serving: ServingConfig, model_dir: Path) -> ServingConfig:
+    """``fastest`` made concrete for this host (measured once per host and runtime)."""
+    from .probe import choose_dtype, runtime_info
+
+    host = hardware.detect()
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    hidden = int(config.get("hidden_size") or 1024)
+    runtime = runtime_info(host, hidden, int(config.get("intermediate_size") or hidden * 4))
+    dtype, _ = choose_dtype(serving.dtype, host, runtime)
+    return serving.model_copy(update={"dtype": dtype})
 
 
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "PREFECT_API_KEY")
@@ -177,6 +204,8 @@ class VllmServer:
             raise ServeError(
                 f"{self.model_dir} has no config.json", hint="re-run the acquire stage"
             )
+        if self.serving.dtype == "fastest":
+            self.serving = resolve_dtype(self.serving, self.model_dir)
         cmd = build_command(
             python, self.model_dir, self.port, self.served_names, self.serving, cuda=has_cuda()
         )
@@ -211,26 +240,73 @@ class VllmServer:
         while time.monotonic() < deadline:
             code = self.process.poll()
             if code is not None:
-                tail = self.log_tail()
                 raise ServeError(
                     f"vLLM for {self.served_names[-1]} exited with code {code} before it was "
-                    f"healthy; likely cause: {likely_cause(tail)}",
-                    log_tail=tail,
+                    f"healthy; likely cause: {diagnose(self.log_text())}",
+                    log_tail=self.log_tail(),
                 )
             try:
-                if requests.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return self.endpoint()
+                healthy = requests.get(f"{self.base_url}/health", timeout=2).status_code == 200
             except requests.RequestException:
-                pass
+                healthy = False
+            if healthy:
+                self._answer_once(deadline)
+                return self.endpoint()
             time.sleep(1)
         tail = self.log_tail()
+        cause = diagnose(self.log_text())
         self.stop()
         raise ServeError(
             f"vLLM for {self.served_names[-1]} was not healthy after {timeout_s:.0f}s; "
-            f"likely cause: {likely_cause(tail)}",
+            f"likely cause: {cause}",
             log_tail=tail,
             hint="raise serving.startup_timeout_s if the machine is slow (first start compiles)",
         )
+
+    def _answer_once(self, deadline: float) -> None:
+        """Ready means answering: /health can say 200 while the first request kills the
+        engine (seen with W4A16 on an AVX2-only CPU), so one real completion is asked for."""
+        body = {"model": self.served_names[0], "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        try:
+            response = requests.post(
+                f"{self.base_url}/v1/completions",
+                json=body,
+                timeout=max(10.0, deadline - time.monotonic()),
+            )
+            if response.status_code == 200 and response.json().get("choices"):
+                return
+            problem = f"HTTP {response.status_code}: {response.text[:200]}"
+        except (requests.RequestException, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        raise self.died_error("its first completion", problem)
+
+    def died_error(self, during: str, problem: str = "") -> ServeError:
+        """The error for a server that failed after /health: cause and tail from its log."""
+        assert self.process is not None
+        for _ in range(10):  # the engine's traceback reaches the log a moment later
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.5)
+        code = self.process.poll()
+        state = f"exited with code {code}" if code is not None else "stopped answering"
+        text = self.log_text()
+        return ServeError(
+            f"vLLM for {self.served_names[-1]} {state} during {during}"
+            + (f" ({problem})" if problem else "")
+            + f"; likely cause: {diagnose(text)}",
+            log_tail=self.log_tail(),
+        )
+
+    def log_text(self, max_bytes: int = 2_000_000) -> str:
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(max(0, self.log_path.stat().st_size - max_bytes))
+                return fh.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def stop(self, grace_s: float = 20) -> None:
         if self.process is None:

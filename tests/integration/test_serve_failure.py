@@ -28,3 +28,27 @@ def test_bad_arguments_fail_the_candidate_with_the_log_tail(home, tiny_model_dir
     assert "bad vLLM arguments" in result.error
     assert "--no-such-vllm-flag" in result.error, "the server's log tail is not in the error"
     assert vllm_processes() == before
+
+
+def test_a_server_that_dies_after_it_was_ready_is_reported_with_its_own_exit(
+    tiny_model_dir, tmp_path
+):
+    import os
+    import signal
+
+    import requests
+
+    from llm_release.candidate import _server_watch
+    from llm_release.errors import ServeError
+    from llm_release.serve import VllmServer
+
+    serving = ServingConfig(enforce_eager=True, max_model_len=256, max_num_seqs=2)
+    with VllmServer(tiny_model_dir, ["tiny"], serving, tmp_path / "vllm.log") as server:
+        os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=30)
+        with pytest.raises(ServeError) as caught, _server_watch(server, "evaluation"):
+            requests.get(f"{server.base_url}/v1/models", timeout=5)
+    message = str(caught.value)
+    assert "exited with code -9 during evaluation" in message
+    assert "ConnectionError" in message, "the client's own error is kept beside the cause"
+    assert "--- server log tail ---" in message

@@ -40,3 +40,16 @@ def test_router_config_parks_an_empty_canary_slot():
     assert "server stable 127.0.0.1:9001 weight 100" in text
     assert "server canary 127.0.0.1:9 weight 0 disabled" in text
     assert "bind 127.0.0.1:8080" in text
+
+
+def test_a_missing_kernel_is_named_even_far_above_the_log_tail():
+    from llm_release.serve import diagnose
+
+    log = (
+        "INFO healthy\n"
+        "(Worker pid=1) AttributeError: '_OpNamespace' '_C' object has no attribute "
+        "'cpu_gemm_wna16'\n" + "ERROR traceback line\n" * 200
+    )
+    text = diagnose(log)
+    assert "no kernel for this quantization scheme" in text and "cpu_gemm_wna16" in text
+    assert diagnose("nothing useful") == "see the log tail below"

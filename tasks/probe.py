@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from llm_release.config import CandidateConfig, ServingConfig
+from llm_release.hardware import detect
+from llm_release.probe import ServingPlan, plan_serving
+
+
+@task(name="probe-host", cache_policy=NO_CACHE)
+def probe_host(
+    model_dir: Path, candidates: list[CandidateConfig], serving: ServingConfig
+) -> ServingPlan:
+    """Which dtype to serve and which schemes the runtime can serve here, before building."""
+    logger = get_run_logger()
+    plan = plan_serving(model_dir, candidates, serving, detect(), probe=serving.probe_schemes)
+    logger.info("host: %s", plan.describe())
+    logger.info("served dtype %s: %s", plan.served_dtype, plan.dtype_reason)
+    for support in plan.schemes:
+        log = logger.warning if support.status != "supported" else logger.info
+        log(
+            "%s (%s): %s%s — %s",
+            support.candidate,
+            support.scheme,
+            support.status,
+            " (cached)" if support.cached else f" ({support.seconds:.0f}s)",
+            support.reason,
+        )
+    return plan
