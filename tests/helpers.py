@@ -1,8 +1,16 @@
 import subprocess
+from pathlib import Path
 
 TINY_REPO = "tests/tiny-llama"
 
 
-def vllm_processes(marker: str = "vllm.entrypoints.openai.api_server") -> list[str]:
+def vllm_processes(
+    marker: str = "vllm.entrypoints.openai.api_server", under: Path | None = None
+) -> list[str]:
+    """vLLM servers running now; with ``under``, only those serving a model below that folder
+    (a test's home), so servers of other tests or sessions on the machine are not counted."""
     out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "pgrep" not in line]
+    lines = [line for line in out.splitlines() if "pgrep" not in line]
+    if under is not None:
+        lines = [line for line in lines if f"--model {under}/" in line]
+    return lines

@@ -115,15 +115,15 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
     assert state.stable.candidate == "baseline"
     if decision["winner"]:
         assert state.canary.candidate == decision["winner"]
-        assert len(vllm_processes()) == 2
+        assert len(vllm_processes(under=home)) == 2
         cli("canary", "promote")
         status = json.loads(cli("canary", "status", "--json"))
         assert [(r["role"], r["weight"]) for r in status["releases"]] == [("stable", 100)]
-        assert len(vllm_processes()) == 1
+        assert len(vllm_processes(under=home)) == 1
         state = registry.load()
         assert state.stable.candidate == decision["winner"] and state.canary is None
     else:
-        assert state.canary is None and len(vllm_processes()) == 1
+        assert state.canary is None and len(vllm_processes(under=home)) == 1
 
     # The scheduled check sees the released commit and exits without touching a model.
     from flows.model_update import model_update
@@ -156,7 +156,7 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
     status = json.loads(cli("canary", "status", "--json"))
     commits = {r["role"]: r["commit"] for r in status["releases"]}
     assert commits == {"stable": state.stable.commit, "canary": new_commit}
-    assert len(vllm_processes()) == 2
+    assert len(vllm_processes(under=home)) == 2
 
     # 95/5 behind the load balancer, then a rollback: the canary gets nothing more.
     assert status["lb_url"] == f"http://127.0.0.1:{router_port}"
@@ -172,12 +172,12 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
     status = json.loads(cli("canary", "status", "--json"))
     assert [r["role"] for r in status["releases"]] == ["stable"]
     assert json.loads((home / "releases.json").read_text())["canary"] is None
-    assert len(vllm_processes()) == 1
+    assert len(vllm_processes(under=home)) == 1
     # HAProxy's own counter for the canary slot did not move after the rollback.
     assert status["releases"][0]["requests"] == served["stable"]["requests"] + 50
 
     cli("down")
-    assert vllm_processes() == []
+    assert vllm_processes(under=home) == []
 
 
 def test_prefect_artifacts_were_published(prefect_api):
