@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import paths
+from . import paths, safety
 from .config import SourceConfig
 from .download import (
     Expected,
@@ -29,6 +29,7 @@ from .download import (
 )
 from .errors import AcquireError, ConfigError, IntegrityError
 from .fileio import atomic_write_json, sha256_file
+from .safety import UnsafeNameError
 
 MANIFEST_SUFFIX = ".manifest.json"
 MAX_ATTEMPTS = 3
@@ -116,7 +117,9 @@ def modelscope_endpoint(source: SourceConfig) -> str:
     ).rstrip("/")
 
 
-def resolve_modelscope(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
+def resolve_modelscope(
+    source: SourceConfig, *, timeout_s: float = 60.0
+) -> tuple[str, list[RemoteFile]]:
     """List files with their SHA-256 through the modelscope SDK.
 
     ModelScope's file API names no commit for a revision, so the local folder is named by
@@ -126,7 +129,8 @@ def resolve_modelscope(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
     from modelscope.hub.api import HubApi
 
     revision = "master" if source.revision == "main" else source.revision
-    api = HubApi(endpoint=modelscope_endpoint(source))
+    # An explicit timeout (the SDK's default is minutes) and no SDK retries: ours retry.
+    api = HubApi(endpoint=modelscope_endpoint(source), timeout=max(1, round(timeout_s)))
     try:
         infos = api.list_repo_files(source.repo_id, "model", revision=revision)
     except Exception as exc:  # the SDK raises requests' and its own errors alike
@@ -164,12 +168,41 @@ def modelscope_file_url(source: SourceConfig, path: str) -> str:
     )
 
 
-def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
-    """Resolve the revision to a commit and list the files with their published hashes."""
+def resolve(source: SourceConfig, *, timeout_s: float = 60.0) -> tuple[str, list[RemoteFile]]:
+    """Resolve the revision to a commit and list the files with their published hashes.
+
+    The commit id names a folder and every file name becomes a path under it, so both are
+    checked here, before any caller creates or removes anything; a file the hub gives no
+    hash or no size for cannot be verified or bounded, so it is refused here too. Metadata
+    calls give up after ``timeout_s`` without an answer.
+    """
     if source.hub == "local":
-        return resolve_local(source)
-    if source.hub == "modelscope":
-        return resolve_modelscope(source)
+        commit, files = resolve_local(source)
+    elif source.hub == "modelscope":
+        commit, files = resolve_modelscope(source, timeout_s=timeout_s)
+    else:
+        commit, files = _resolve_hf(source, timeout_s=timeout_s)
+    where = f"{source.hub} {source.repo_id}@{source.revision}"
+    try:
+        safety.commit_id(commit, where)
+        safety.listing([f.path for f in files], "file name")
+    except UnsafeNameError as exc:
+        raise AcquireError(
+            f"{where}: {exc.message}",
+            hint="the source published an unsafe name; nothing was written. Report it to its owner",
+        ) from None
+    unverifiable = [f.path for f in files if not (f.sha256 or f.blob_id) or f.size is None]
+    if unverifiable:
+        raise AcquireError(
+            f"{where}: no published SHA-256 / git blob id and size for "
+            f"{', '.join(ascii(p) for p in unverifiable[:5])}; such bytes cannot be verified",
+            hint="ask the hub owner to publish hashes, or leave the files out with allow_patterns",
+        )
+    return commit, files
+
+
+def _resolve_hf(source: SourceConfig, *, timeout_s: float) -> tuple[str, list[RemoteFile]]:
+    import httpx
     from huggingface_hub.errors import (
         HfHubHTTPError,
         RepositoryNotFoundError,
@@ -178,7 +211,9 @@ def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
 
     api = _api(source)
     try:
-        info = api.model_info(source.repo_id, revision=source.revision, files_metadata=True)
+        info = api.model_info(
+            source.repo_id, revision=source.revision, files_metadata=True, timeout=timeout_s
+        )
     except RevisionNotFoundError as exc:
         raise AcquireError(
             f"revision {source.revision!r} does not exist in {source.repo_id}",
@@ -190,9 +225,15 @@ def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
             hint="check the repo id, the endpoint (HF_ENDPOINT) and, for a gated or private "
             "repo, the token (HF_TOKEN)",
         ) from exc
-    except (HfHubHTTPError, OSError) as exc:
+    except httpx.TimeoutException as exc:
         raise AcquireError(
-            f"cannot reach the hub at {api.endpoint}: {type(exc).__name__}",
+            f"the hub at {api.endpoint} did not answer the listing of {source.repo_id} within "
+            f"{timeout_s:.0f}s ({type(exc).__name__})",
+            hint="check that the hub is up and reachable; raise stall_timeout_s for a slow one",
+        ) from exc
+    except (HfHubHTTPError, OSError, httpx.HTTPError, ValueError) as exc:
+        raise AcquireError(
+            f"cannot list {source.repo_id} at {api.endpoint}: {type(exc).__name__}",
             hint="check HF_ENDPOINT / source.endpoint and that the hub is running",
         ) from exc
     files = []
@@ -270,13 +311,18 @@ def acquire(
     from huggingface_hub.utils import build_hf_headers, get_session
 
     settings = settings or TransferSettings()
-    commit, remote_files = resolve(source)
+    commit, remote_files = resolve(source, timeout_s=settings.stall_timeout_s)
     if not remote_files:
         raise AcquireError(
             f"{source.repo_id}@{commit} has no files matching {source.allow_patterns}"
         )
     model_dir = local_dir_for(source.repo_id, commit)
     check_target_path(model_dir)
+    # Every target is proven to lie inside the model folder before the folder is made.
+    try:
+        targets = {r.path: safety.inside(model_dir, r.path) for r in remote_files}
+    except UnsafeNameError as exc:
+        raise AcquireError(f"{source.repo_id}@{commit}: {exc.message}") from None
     manifest_path = model_dir.with_name(commit + MANIFEST_SUFFIX)
     if _manifest_matches(manifest_path, model_dir):
         return Acquired(model_dir, manifest_path, commit, source.repo_id, 0, reused=True)
@@ -294,7 +340,7 @@ def acquire(
     outcomes: dict[str, Outcome] = {}
 
     def one(remote: RemoteFile) -> Outcome:
-        target = model_dir / remote.path
+        target = targets[remote.path]
         problem, sha256 = _verify_existing(target, remote) if target.exists() else ("", None)
         if problem is None:
             return Outcome(sha256=sha256, attempts=0, bytes=0)
@@ -389,6 +435,15 @@ def verify_dir(model_dir: Path) -> list[str]:
     manifest = json.loads(manifest_path.read_text())
     entries = manifest["files"]
 
+    for entry in entries:
+        try:
+            safety.inside(model_dir, safety.relative_path(entry.get("path"), "manifest path"))
+        except UnsafeNameError as exc:
+            raise AcquireError(
+                f"{manifest_path}: {exc.message}",
+                hint="the manifest was edited or corrupted; download the model again",
+            ) from None
+
     def one(entry: dict) -> str | None:
         path = model_dir / entry["path"]
         if not path.exists():
@@ -425,6 +480,14 @@ def check_repo_contract(model_dir: Path) -> None:
     if index_path.exists():
         index = json.loads(index_path.read_text())
         shards = sorted(set(index.get("weight_map", {}).values()))
+        try:
+            for shard in shards:
+                safety.inside(model_dir, safety.relative_path(shard, "index shard name"))
+        except UnsafeNameError as exc:
+            raise AcquireError(
+                f"{index_path}: {exc.message}",
+                hint="the safetensors index names a file outside the model; re-publish it",
+            ) from None
         for shard in shards:
             if not (model_dir / shard).exists():
                 missing.append(shard)

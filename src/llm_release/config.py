@@ -7,6 +7,19 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .safety import SET_NAME
+
+REPO_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*"
+
+
+def _set_name(value: str, what: str) -> str:
+    # Eval sets and calibration sets are named by a folder/file name under the repository.
+    if not SET_NAME.fullmatch(value) or len(value) > 100:
+        raise ValueError(
+            f"{what} {value!r}: use lower-case letters, digits, '_' and '-' (a name, not a path)"
+        )
+    return value
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -35,7 +48,8 @@ class SourceConfig(StrictModel):
     @field_validator("repo_id")
     @classmethod
     def _repo_id_shape(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value):
+        # Each part names a folder on the hub and on disk: never '.', '..' or hidden.
+        if not re.fullmatch(REPO_ID, value):
             raise ValueError(
                 f"repo_id {value!r} is not of the form 'owner/name' (letters, digits, '.', '_', '-')"
             )
@@ -61,6 +75,11 @@ class CandidateConfig(StrictModel):
     extra_serving_args: list[str] = Field(
         default_factory=list, description="vLLM arguments for this candidate only"
     )
+
+    @field_validator("calibration_set")
+    @classmethod
+    def _calibration_name(cls, value: str) -> str:
+        return _set_name(value, "calibration_set")
 
     @field_validator("name")
     @classmethod
@@ -88,6 +107,11 @@ class EvalConfig(StrictModel):
     eval_sets: list[str] = Field(default_factory=lambda: ["manufacturing_kb", "refusal_kb"])
     num_concurrent: int = Field(4, ge=1)
     limit: int | None = Field(None, ge=1, description="evaluate only the first N items")
+
+    @field_validator("eval_sets")
+    @classmethod
+    def _eval_set_names(cls, value: list[str]) -> list[str]:
+        return [_set_name(v, "eval set") for v in value]
 
 
 class LoadProfile(StrictModel):

@@ -19,7 +19,7 @@ import jinja2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import metrics, paths
+from . import metrics, paths, safety
 from .errors import EvalError
 
 TEMPLATE = "_template"
@@ -199,6 +199,7 @@ def parse_readme(path: Path) -> dict[str, str]:
 
 def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
     root = root or paths.eval_sets_dir()
+    safety.set_name(name, "eval set")  # a name, never a path out of eval_sets/
     directory = root / name
     task_path = directory / "task.yaml"
     if not task_path.exists():
