@@ -105,7 +105,7 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
                 summary = evalsets.validate(name, root, calibration)
             except ReleaseError as exc:
                 failed += 1
-                print(f"FAIL {name}: {exc}")
+                print(f"FAIL {name}: {exc.one_line()}")
                 continue
             print(
                 f"ok   {name}: {summary['items']} items, metrics {', '.join(summary['metrics'])}"

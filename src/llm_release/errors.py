@@ -17,6 +17,11 @@ class ReleaseError(Exception):
     def __str__(self) -> str:
         return f"{self.message}\n  how to fix: {self.hint}" if self.hint else self.message
 
+    def one_line(self) -> str:
+        """What is wrong and how to fix it, on one line (the CLI's error output)."""
+        text = " ".join(self.message.split())
+        return f"{text} (how to fix: {' '.join(self.hint.split())})" if self.hint else text
+
 
 class ConfigError(ReleaseError):
     """Invalid configuration or parameters, detected before any expensive work."""
