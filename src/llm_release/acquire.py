@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
 from . import paths, safety
 from .config import SourceConfig
@@ -31,6 +33,7 @@ from .errors import AcquireError, ConfigError, IntegrityError
 from .fileio import atomic_write_json, sha256_file
 from .safety import UnsafeNameError
 
+T = TypeVar("T")
 MANIFEST_SUFFIX = ".manifest.json"
 MAX_ATTEMPTS = 3
 
@@ -111,6 +114,30 @@ def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
     return commit, files
 
 
+def with_deadline(call: Callable[[], T], timeout_s: float) -> T:
+    """``call()``'s result, or :class:`TimeoutError` after ``timeout_s`` seconds.
+
+    For client libraries whose own timeouts do not bound a call end to end. The call goes
+    on in a daemon thread until the library gives up; nothing waits for it, exit included.
+    """
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name="hub-metadata")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:.0f}s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
 def modelscope_endpoint(source: SourceConfig) -> str:
     return (
         source.endpoint or os.environ.get("MODELSCOPE_ENDPOINT") or "https://www.modelscope.cn"
@@ -129,10 +156,13 @@ def resolve_modelscope(
     from modelscope.hub.api import HubApi
 
     revision = "master" if source.revision == "main" else source.revision
-    # An explicit timeout (the SDK's default is minutes) and no SDK retries: ours retry.
     api = HubApi(endpoint=modelscope_endpoint(source), timeout=max(1, round(timeout_s)))
     try:
-        infos = api.list_repo_files(source.repo_id, "model", revision=revision)
+        # The SDK's listing keeps its own per-page timeouts and retries (minutes in all),
+        # whatever the client's timeout says; the deadline bounds the whole call.
+        infos = with_deadline(
+            lambda: api.list_repo_files(source.repo_id, "model", revision=revision), timeout_s
+        )
     except Exception as exc:  # the SDK raises requests' and its own errors alike
         raise AcquireError(
             f"ModelScope could not list {source.repo_id}@{revision} at "
@@ -211,8 +241,13 @@ def _resolve_hf(source: SourceConfig, *, timeout_s: float) -> tuple[str, list[Re
 
     api = _api(source)
     try:
-        info = api.model_info(
-            source.repo_id, revision=source.revision, files_metadata=True, timeout=timeout_s
+        # timeout= bounds each socket operation; the deadline bounds the whole call (a hub
+        # that trickles a byte at a time never trips a per-read timeout).
+        info = with_deadline(
+            lambda: api.model_info(
+                source.repo_id, revision=source.revision, files_metadata=True, timeout=timeout_s
+            ),
+            timeout_s,
         )
     except RevisionNotFoundError as exc:
         raise AcquireError(
@@ -225,7 +260,7 @@ def _resolve_hf(source: SourceConfig, *, timeout_s: float) -> tuple[str, list[Re
             hint="check the repo id, the endpoint (HF_ENDPOINT) and, for a gated or private "
             "repo, the token (HF_TOKEN)",
         ) from exc
-    except httpx.TimeoutException as exc:
+    except (httpx.TimeoutException, TimeoutError) as exc:
         raise AcquireError(
             f"the hub at {api.endpoint} did not answer the listing of {source.repo_id} within "
             f"{timeout_s:.0f}s ({type(exc).__name__})",

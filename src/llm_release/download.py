@@ -113,6 +113,8 @@ def fetch_once(
     if expected.size is not None and offset > expected.size:
         part.unlink()
         raise TransferError(f"partial file longer than published ({offset} > {expected.size})")
+    if not part.exists():
+        part.touch()  # an empty file gets no request; its empty bytes are still verified
     request_headers = dict(headers)
     if offset and (expected.size is None or offset < expected.size):
         request_headers["Range"] = f"bytes={offset}-"

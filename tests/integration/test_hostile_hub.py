@@ -172,3 +172,12 @@ def test_index_naming_a_shard_outside_the_model_is_refused(tmp_path, shard):
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(AcquireError, match="index shard name"):
         check_repo_contract(model)
+
+
+def test_silent_modelscope_listing_fails_within_the_stall_time(home, hostile):
+    hostile.plan.silent = True
+    start = time.monotonic()
+    with pytest.raises(AcquireError, match="ModelScope could not list"):
+        acquire(SourceConfig(hub="modelscope", repo_id=REPO, endpoint=hostile.url), settings=FAST)
+    assert time.monotonic() - start < 1.0 + 4
+    assert not (home / "models").exists()

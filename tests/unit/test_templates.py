@@ -1,9 +1,16 @@
 """The eval-set template language: fields and a few filters; nothing reaches Python."""
 
+import tempfile
+from pathlib import Path
+
 import jinja2
 import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from llm_release import templates
+
+MARKER_DIR = Path(tempfile.mkdtemp(prefix="llmr-tpl-"))
 
 PAYLOADS = {
     "mro": "{{ ''.__class__.__mro__ }}",
@@ -58,3 +65,63 @@ def test_the_renderer_is_sandboxed_even_for_unchecked_text(tmp_path):
 def test_unknown_field_is_an_undefined_error_not_empty_text():
     with pytest.raises(jinja2.UndefinedError):
         templates.render("{{ nope }}", {})
+
+
+TOKENS = [
+    "{{",
+    "}}",
+    "{%",
+    "%}",
+    " ",
+    "question",
+    "passage",
+    "x",
+    ".",
+    "__class__",
+    "__globals__",
+    "cycler",
+    "lipsum",
+    "self",
+    "(",
+    ")",
+    "[",
+    "]",
+    "'",
+    "|",
+    "upper",
+    "trim",
+    "attr",
+    "format",
+    "os",
+    "system",
+    "'touch MARKER'",
+    "for",
+    "in",
+    "endfor",
+    "set",
+    "=",
+    "\n",
+    "text",
+    "+",
+    "1",
+]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(st.lists(st.sampled_from(TOKENS), max_size=14))
+def test_any_template_is_refused_or_renders_the_same_in_lm_evals_renderer(tokens):
+    """An accepted template is safe even in lm-eval's unsandboxed Jinja: it renders the
+    same text there as in our sandbox, and nothing ran."""
+    marker = MARKER_DIR / "pwned"
+    text = "".join(tokens).replace("MARKER", str(marker))
+    problem = templates.check(text)
+    fields = {"question": "Q?", "passage": " P ", "x": "X"}
+    if problem is None:
+        event("accepted")
+        ours = templates.render(text, fields)
+        plain = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(text)
+        assert plain.render(fields) == ours
+    else:
+        event("refused")
+        assert problem.line >= 1 and problem.message
+    assert not marker.exists()
