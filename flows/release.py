@@ -60,8 +60,11 @@ def release(
     gated repos or a mirror; the token never enters parameters, logs or the report.
     """
     logger = get_run_logger()
+    token = None
     if hub_credentials_block:
-        HubCredentials.load(hub_credentials_block).apply()
+        # Endpoint and token go to the acquire stage itself, never into the environment.
+        hub = HubCredentials.load(hub_credentials_block)
+        hub_endpoint, token = hub_endpoint or hub.endpoint, hub.token
     config = ReleaseConfig(
         source=SourceConfig(repo_id=repo_id, revision=revision, endpoint=hub_endpoint),
         candidates=candidates,
@@ -79,7 +82,7 @@ def release(
     seconds: dict[str, float] = {}
 
     mark = time.monotonic()
-    acquired = acquire_model(config.source)
+    acquired = acquire_model(config.source, token)
     seconds["acquire"] = time.monotonic() - mark
 
     mark = time.monotonic()

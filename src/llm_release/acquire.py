@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from . import paths, safety
+from . import credentials, paths, safety
 from .config import SourceConfig
 from .download import (
     Expected,
@@ -78,10 +78,12 @@ def local_dir_for(repo_id: str, commit: str) -> Path:
     return paths.models_dir() / repo_id.replace("/", "--") / commit
 
 
-def _api(source: SourceConfig):
+def _api(source: SourceConfig, token: str | None):
     from huggingface_hub import HfApi
 
-    return HfApi(endpoint=source.endpoint) if source.endpoint else HfApi()
+    # Endpoint and token go to this client object only: no process-wide setting pairs
+    # one hub's token with another hub.
+    return HfApi(endpoint=credentials.hf_endpoint(source.endpoint), token=token)
 
 
 def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
@@ -145,7 +147,7 @@ def modelscope_endpoint(source: SourceConfig) -> str:
 
 
 def resolve_modelscope(
-    source: SourceConfig, *, timeout_s: float = 60.0
+    source: SourceConfig, *, timeout_s: float = 60.0, token: str | None = None
 ) -> tuple[str, list[RemoteFile]]:
     """List files with their SHA-256 through the modelscope SDK.
 
@@ -156,7 +158,9 @@ def resolve_modelscope(
     from modelscope.hub.api import HubApi
 
     revision = "master" if source.revision == "main" else source.revision
-    api = HubApi(endpoint=modelscope_endpoint(source), timeout=max(1, round(timeout_s)))
+    api = HubApi(
+        endpoint=modelscope_endpoint(source), timeout=max(1, round(timeout_s)), token=token
+    )
     try:
         # The SDK's listing keeps its own per-page timeouts and retries (minutes in all),
         # whatever the client's timeout says; the deadline bounds the whole call.
@@ -198,7 +202,9 @@ def modelscope_file_url(source: SourceConfig, path: str) -> str:
     )
 
 
-def resolve(source: SourceConfig, *, timeout_s: float = 60.0) -> tuple[str, list[RemoteFile]]:
+def resolve(
+    source: SourceConfig, *, timeout_s: float = 60.0, token: str | None = None
+) -> tuple[str, list[RemoteFile]]:
     """Resolve the revision to a commit and list the files with their published hashes.
 
     The commit id names a folder and every file name becomes a path under it, so both are
@@ -209,9 +215,9 @@ def resolve(source: SourceConfig, *, timeout_s: float = 60.0) -> tuple[str, list
     if source.hub == "local":
         commit, files = resolve_local(source)
     elif source.hub == "modelscope":
-        commit, files = resolve_modelscope(source, timeout_s=timeout_s)
+        commit, files = resolve_modelscope(source, timeout_s=timeout_s, token=token)
     else:
-        commit, files = _resolve_hf(source, timeout_s=timeout_s)
+        commit, files = _resolve_hf(source, timeout_s=timeout_s, token=token)
     where = f"{source.hub} {source.repo_id}@{source.revision}"
     try:
         safety.commit_id(commit, where)
@@ -231,7 +237,9 @@ def resolve(source: SourceConfig, *, timeout_s: float = 60.0) -> tuple[str, list
     return commit, files
 
 
-def _resolve_hf(source: SourceConfig, *, timeout_s: float) -> tuple[str, list[RemoteFile]]:
+def _resolve_hf(
+    source: SourceConfig, *, timeout_s: float, token: str | None
+) -> tuple[str, list[RemoteFile]]:
     import httpx
     from huggingface_hub.errors import (
         HfHubHTTPError,
@@ -239,7 +247,7 @@ def _resolve_hf(source: SourceConfig, *, timeout_s: float) -> tuple[str, list[Re
         RevisionNotFoundError,
     )
 
-    api = _api(source)
+    api = _api(source, token)
     try:
         # timeout= bounds each socket operation; the deadline bounds the whole call (a hub
         # that trickles a byte at a time never trips a per-read timeout).
@@ -336,17 +344,20 @@ def acquire(
     progress: ProgressFn | None = None,
     settings: TransferSettings | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    token: str | None = None,
 ) -> Acquired:
     """Download ``source`` pinned to a commit; every file verified before it is reported.
 
+    ``token`` (a hub token) is sent to ``source``'s endpoint only; without one the hub
+    client's own default applies (``HF_TOKEN`` or a cached login) for Hugging Face hubs.
     Small files come first, then the first weight shard alone (a wrong endpoint, path or
     token fails in seconds), then the other shards with ``settings.workers`` in parallel.
     """
-    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session
 
     settings = settings or TransferSettings()
-    commit, remote_files = resolve(source, timeout_s=settings.stall_timeout_s)
+    commit, remote_files = resolve(source, timeout_s=settings.stall_timeout_s, token=token)
     if not remote_files:
         raise AcquireError(
             f"{source.repo_id}@{commit} has no files matching {source.allow_patterns}"
@@ -368,10 +379,13 @@ def acquire(
     endpoint = (
         f"file://{source.local_path}"
         if source.hub == "local"
-        else source.endpoint or constants.ENDPOINT
+        else modelscope_endpoint(source)
+        if source.hub == "modelscope"
+        else credentials.hf_endpoint(source.endpoint)
     )
     client = get_session()
-    headers = build_hf_headers()
+    # A Hugging Face token is for a Hugging Face hub: ModelScope file URLs get none.
+    headers = build_hf_headers(token=False if source.hub != "huggingface" else token)
     outcomes: dict[str, Outcome] = {}
 
     def one(remote: RemoteFile) -> Outcome:

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .credentials import check_endpoint
 from .safety import SET_NAME
 
 REPO_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*"
@@ -28,6 +29,9 @@ class StrictModel(BaseModel):
 class SourceConfig(StrictModel):
     """Where the model comes from. ``endpoint`` points at a Hub-compatible server."""
 
+    # A refused endpoint may hold a password: validation errors do not repeat the input.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
     hub: Literal["huggingface", "modelscope", "local"] = "huggingface"
     repo_id: str = Field(
         description="Repository id on the hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -44,6 +48,12 @@ class SourceConfig(StrictModel):
         if (self.hub == "local") != (self.local_path is not None):
             raise ValueError("local_path is required with hub='local' and only allowed with it")
         return self
+
+    @field_validator("endpoint")
+    @classmethod
+    def _plain_endpoint(cls, value: str | None) -> str | None:
+        # The endpoint is written to the manifest and to messages: no credentials in it.
+        return None if value is None else check_endpoint(value)
 
     @field_validator("repo_id")
     @classmethod

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .credentials import child_env
 from .errors import RouterError
 from .fileio import atomic_write_text
 
@@ -132,12 +133,19 @@ class Router:
         )
         atomic_write_text(self.config_path, config)
         check = subprocess.run(
-            [binary, "-c", "-f", str(self.config_path)], capture_output=True, text=True
+            [binary, "-c", "-f", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            env=child_env(),
         )
         if check.returncode != 0:
             raise RouterError(f"HAProxy rejected its config:\n{check.stderr.strip()}")
+        # The daemon inherits this environment for its lifetime: no hub tokens in it.
         proc = subprocess.run(
-            [binary, "-D", "-f", str(self.config_path)], capture_output=True, text=True
+            [binary, "-D", "-f", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            env=child_env(),
         )
         if proc.returncode != 0:
             raise RouterError(

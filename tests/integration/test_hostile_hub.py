@@ -181,3 +181,19 @@ def test_silent_modelscope_listing_fails_within_the_stall_time(home, hostile):
         acquire(SourceConfig(hub="modelscope", repo_id=REPO, endpoint=hostile.url), settings=FAST)
     assert time.monotonic() - start < 1.0 + 4
     assert not (home / "models").exists()
+
+
+def test_token_goes_to_its_hub_only_never_across_a_redirect(home, hostile, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_env_token_of_another_hub")
+    body = b'{"a": 1}\n'
+    with HostileHub() as other:
+        other.plan.add("config.json", body)
+        where = f"{other.url}/evil/model/resolve/{hostile.plan.commit}/config.json"
+        hostile.plan.add("config.json", body, redirect=where)
+        acquired = acquire(source(hostile), settings=FAST, token="hf_explicit_secret")
+    assert (acquired.model_dir / "config.json").read_bytes() == body
+    assert {auth for _, auth in hostile.plan.requests} == {"Bearer hf_explicit_secret"}
+    assert other.plan.requests and all(auth is None for _, auth in other.plan.requests)
+    for path in home.rglob("*"):
+        if path.is_file():
+            assert b"hf_explicit_secret" not in path.read_bytes(), path
