@@ -111,6 +111,85 @@ class ServingConfig(StrictModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     extra_args: list[str] = Field(default_factory=list, description="passed to vLLM verbatim")
     startup_timeout_s: float = Field(900, gt=0)
+    allow_unsafe_serving_args: bool = Field(
+        False,
+        description="allow extra_args / extra_serving_args that change where vLLM listens, "
+        "what code it trusts or which model it loads (see README, Security)",
+    )
+
+    @model_validator(mode="after")
+    def _safe_extra_args(self) -> ServingConfig:
+        if not self.allow_unsafe_serving_args:
+            check_serving_args(self.extra_args, "serving.extra_args")
+        return self
+
+
+# vLLM arguments the pipeline sets itself or never wants from a parameter: they would
+# re-bind the server (e.g. to 0.0.0.0), make it run code from the model repo or a plugin,
+# or serve a different model than the one that was verified.
+UNSAFE_SERVING_ARGS = {
+    "changes where the server listens": (
+        "--host",
+        "--port",
+        "--uds",
+        "--headless",
+        "--api-server-count",
+        "--data-parallel-address",
+        "--data-parallel-rpc-port",
+        "--allowed-origins",
+        "--allow-credentials",
+        "--ssl-keyfile",
+        "--ssl-certfile",
+        "--root-path",
+    ),
+    "changes what code the server trusts": (
+        "--trust-remote-code",
+        "--allowed-local-media-path",
+        "--allowed-media-domains",
+        "--tool-parser-plugin",
+        "--reasoning-parser-plugin",
+        "--middleware",
+        "--logits-processors",
+        "--worker-cls",
+        "--worker-extension-cls",
+        "--config",
+        "--chat-template",
+        "--hf-overrides",
+        "--code-revision",
+    ),
+    "changes which model the server loads": (
+        "--model",
+        "--tokenizer",
+        "--served-model-name",
+        "--download-dir",
+        "--revision",
+        "--tokenizer-revision",
+        "--load-format",
+        "--model-loader-extra-config",
+        "--model-impl",
+        "--speculative-config",
+        "--lora-modules",
+        "--enable-lora",
+    ),
+}
+
+
+def check_serving_args(args: list[str], where: str) -> None:
+    """ValueError on the first argument in ``UNSAFE_SERVING_ARGS``.
+
+    vLLM's parser accepts '_' for '-', '--flag=value' and unambiguous prefixes
+    ('--trust-remote'), so each flag is normalised and matched as a prefix too.
+    """
+    for arg in args:
+        if not arg.startswith("--"):
+            continue
+        flag = "--" + arg[2:].split("=", 1)[0].replace("_", "-").lower()
+        for reason, unsafe in UNSAFE_SERVING_ARGS.items():
+            if len(flag) > 3 and any(u == flag or u.startswith(flag) for u in unsafe):
+                raise ValueError(
+                    f"{where}: {arg.split('=', 1)[0]!r} {reason}; the pipeline sets it itself. "
+                    "Remove it, or set serving.allow_unsafe_serving_args: true if you mean it"
+                )
 
 
 class EvalConfig(StrictModel):
@@ -162,6 +241,14 @@ class ReleaseConfig(StrictModel):
     load: LoadProfile = Field(default_factory=LoadProfile)
     gates: Gates = Field(default_factory=Gates)
     canary_weight: int = Field(5, ge=1, le=50, description="percent of traffic to the canary")
+
+    @model_validator(mode="after")
+    def _safe_candidate_args(self) -> ReleaseConfig:
+        # Each candidate's arguments join serving.extra_args; the same flag allows both.
+        if not self.serving.allow_unsafe_serving_args:
+            for c in self.candidates:
+                check_serving_args(c.extra_serving_args, f"candidates[{c.name}].extra_serving_args")
+        return self
 
     @model_validator(mode="after")
     def _unique_candidates(self) -> ReleaseConfig:
