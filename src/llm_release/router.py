@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import processes
 from .credentials import child_env
 from .errors import RouterError
 from .fileio import atomic_write_text
@@ -101,9 +102,8 @@ class Router:
             pid = int(self.pid_path.read_text().split()[0])
         except (FileNotFoundError, ValueError, IndexError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        # The pid file outlives HAProxy; a reused pid is not ours unless it runs our config.
+        if not processes.is_same(pid, None, cmdline_has=str(self.config_path)):
             return None
         return pid
 
