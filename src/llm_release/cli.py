@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import paths
-from .errors import ReleaseError
+from .errors import ReleaseError, one_line
 
 
 def _print_status(as_json: bool) -> None:
@@ -268,10 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValidationError as exc:
         if args.debug:
             raise
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in exc.errors()
-        )
-        print(f"error: invalid input: {' '.join(problems.split())}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
