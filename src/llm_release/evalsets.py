@@ -320,6 +320,20 @@ def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
             "is required: bump it whenever items, prompt or scoring change",
         )
     split = task.get("test_split", "test")
+    # lm-eval hands these to datasets.load_dataset: only the local JSON loader and its data
+    # files, never a hub dataset, a loading script or trust_remote_code.
+    if task.get("dataset_path", "json") != "json":
+        raise EvalSetError(
+            task_path, lines.get("dataset_path"), "dataset_path", "must be 'json' (local items)"
+        )
+    extra = sorted(set(task.get("dataset_kwargs") or {}) - {"data_files"})
+    if extra:
+        raise EvalSetError(
+            task_path,
+            lines.get("dataset_kwargs"),
+            f"dataset_kwargs.{extra[0]}",
+            "not allowed; dataset_kwargs may only name data_files",
+        )
     kwargs = task.get("dataset_kwargs")
     files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
     relative = files.get(split) if isinstance(files, dict) else None

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import requests
 
-from . import paths, processes, registry
+from . import paths, processes, registry, safety
 from .config import ServingConfig
 from .errors import ReleaseError, StateError
 from .registry import RegistryState, Release
@@ -89,6 +89,16 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
 
 
 def _restart(release: Release) -> Release:
+    # The registry is a file anyone with access to the home can edit: a restart serves a
+    # model and writes a log only under the home, where the pipeline put them.
+    home = paths.home()
+    for what, value in (("model_dir", release.model_dir), ("log_path", release.log_path)):
+        if not safety.within(home, value):
+            raise StateError(
+                f"{registry.registry_path()}: stable release {what} {value!r} is outside {home}",
+                hint="the registry was edited or comes from another home; restore it, or move "
+                "it aside to release from scratch",
+            )
     endpoint = start_detached(
         Path(release.model_dir),
         [release.public_name, release.release_id],

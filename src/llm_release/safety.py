@@ -70,6 +70,12 @@ def inside(root: Path, relative: str) -> Path:
     return target
 
 
+def within(root: Path, path: str | Path) -> bool:
+    """``path`` (absolute, e.g. read from a state file) resolves under ``root``."""
+    base = Path(root).resolve()
+    return base in Path(path).resolve().parents
+
+
 def listing(names: Iterable[str], what: str) -> list[str]:
     """Every name safe, none repeated, none both a file and another file's folder."""
     checked = [relative_path(n, what) for n in names]

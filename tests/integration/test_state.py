@@ -18,6 +18,7 @@ import requests
 from llm_release import promote, registry
 from llm_release.cli import main as cli
 from llm_release.config import ServingConfig
+from llm_release.errors import StateError
 from llm_release.processes import start_time
 from llm_release.registry import Release
 from llm_release.router import Router
@@ -211,3 +212,17 @@ def test_rollback_draining_while_a_release_deploys_leaves_haproxy_and_registry_a
         for proc in procs:
             if alive(proc):
                 proc.send_signal(signal.SIGTERM)
+
+
+def test_a_restart_from_an_edited_registry_serves_nothing_outside_the_home(home, procs):
+    gone = spawn()
+    gone.kill()
+    gone.wait()
+    with registry.locked() as state:
+        state.stable = release("stable", gone, free_port(), None)  # model_dir /nonexistent
+        state.router_port = free_port()
+    before = registry.registry_path().read_bytes()
+    with pytest.raises(StateError, match="model_dir '/nonexistent' is outside"):
+        promote.deploy(None, None, public_name="b", canary_weight=5)
+    assert registry.registry_path().read_bytes() == before
+    assert not (home / "servers").exists()

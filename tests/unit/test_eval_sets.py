@@ -317,3 +317,17 @@ def test_lm_eval_gets_only_checked_templates(root):
     eval_set.task["description"] = "{{ cycler.__init__ }}"
     with pytest.raises(EvalSetError, match="attribute access"):
         task_config(eval_set, load_decoding())
+
+
+@pytest.mark.parametrize(
+    "old, new, field",
+    [
+        ("dataset_path: json", "dataset_path: evil/remote-dataset", "dataset_path"),
+        ("dataset_kwargs:\n", "dataset_kwargs:\n  trust_remote_code: true\n", "dataset_kwargs."),
+    ],
+)
+def test_dataset_loading_is_local_json_only(root, old, new, field):
+    edit(root / "kb2" / "task.yaml", old, new)
+    with pytest.raises(EvalSetError) as info:
+        load_eval_set("kb2", root)
+    assert info.value.field.startswith(field) and info.value.line is not None
