@@ -481,8 +481,16 @@ def verify_dir(model_dir: Path) -> list[str]:
             f"{model_dir} has no manifest ({manifest_path})",
             hint="download it with 'llm-release download' first",
         )
-    manifest = json.loads(manifest_path.read_text())
-    entries = manifest["files"]
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        entries = manifest["files"]
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise TypeError("'files' is not a list of entries")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AcquireError(
+            f"{manifest_path} is not a valid manifest ({type(exc).__name__}: {exc})",
+            hint="download the model again with 'llm-release download'",
+        ) from None
 
     for entry in entries:
         try:
@@ -527,8 +535,14 @@ def check_repo_contract(model_dir: Path) -> None:
         missing.append("tokenizer.json")
     index_path = model_dir / "model.safetensors.index.json"
     if index_path.exists():
-        index = json.loads(index_path.read_text())
-        shards = sorted(set(index.get("weight_map", {}).values()))
+        try:
+            index = json.loads(index_path.read_text())
+            shards = sorted(set(index.get("weight_map", {}).values()))
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise AcquireError(
+                f"{index_path} is not a valid safetensors index ({type(exc).__name__})",
+                hint="re-publish the model with a valid model.safetensors.index.json",
+            ) from None
         try:
             for shard in shards:
                 safety.inside(model_dir, safety.relative_path(shard, "index shard name"))

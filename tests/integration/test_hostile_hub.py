@@ -197,3 +197,22 @@ def test_token_goes_to_its_hub_only_never_across_a_redirect(home, hostile, monke
     for path in home.rglob("*"):
         if path.is_file():
             assert b"hf_explicit_secret" not in path.read_bytes(), path
+
+
+@pytest.mark.parametrize("index", ["not json", "[1, 2]", '{"weight_map": [1]}'])
+def test_a_broken_index_is_our_error(tmp_path, index):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(AcquireError, match="not a valid safetensors index"):
+        check_repo_contract(model)
+
+
+def test_a_broken_manifest_is_our_error(tmp_path):
+    from llm_release.acquire import verify_dir
+
+    model = tmp_path / ("0" * 40)
+    model.mkdir()
+    model.with_name(model.name + ".manifest.json").write_text('{"files": 3}')
+    with pytest.raises(AcquireError, match="not a valid manifest"):
+        verify_dir(model)
