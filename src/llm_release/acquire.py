@@ -225,7 +225,8 @@ def resolve(
     except UnsafeNameError as exc:
         raise AcquireError(
             f"{where}: {exc.message}",
-            hint="the source published an unsafe name; nothing was written. Report it to its owner",
+            hint="the source published an unsafe name and nothing was written; leave the file "
+            "out with allow_patterns, or report it to the source's owner",
         ) from None
     unverifiable = [f.path for f in files if not (f.sha256 or f.blob_id) or f.size is None]
     if unverifiable:
