@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
+
+from llm_release.credentials import check_endpoint
 
 
 class HubCredentials(Block):
@@ -16,11 +18,10 @@ class HubCredentials(Block):
     )
     token: SecretStr | None = Field(default=None, description="HF token for gated/private repos")
 
-    def apply(self) -> None:
-        """Expose the settings to huggingface_hub through its environment variables."""
-        import os
+    @field_validator("endpoint")
+    @classmethod
+    def _plain_endpoint(cls, value: str | None) -> str | None:
+        return check_endpoint(value) if value else None
 
-        if self.endpoint:
-            os.environ["HF_ENDPOINT"] = self.endpoint
-        if self.token:
-            os.environ["HF_TOKEN"] = self.token.get_secret_value()
+    # No apply(): setting HF_ENDPOINT / HF_TOKEN process-wide pairs the token with whatever
+    # endpoint huggingface_hub read at import. The flow passes both to the acquire stage.

@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.exceptions import ParameterTypeError
 from prefect.runtime import flow_run
+from pydantic import ValidationError
 
 from blocks.hub import HubCredentials
 from llm_release import paths, registry
@@ -24,6 +26,7 @@ from llm_release.config import (
     SourceConfig,
 )
 from llm_release.demo_model import DEMO_REPO_ID
+from llm_release.errors import ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
 from llm_release.preflight import check
 from llm_release.promote import DeployTarget, default_router_port
@@ -61,8 +64,11 @@ def release(
     gated repos or a mirror; the token never enters parameters, logs or the report.
     """
     logger = get_run_logger()
+    token = None
     if hub_credentials_block:
-        HubCredentials.load(hub_credentials_block).apply()
+        # Endpoint and token go to the acquire stage itself, never into the environment.
+        hub = HubCredentials.load(hub_credentials_block)
+        hub_endpoint, token = hub_endpoint or hub.endpoint, hub.token
     config = ReleaseConfig(
         source=SourceConfig(repo_id=repo_id, revision=revision, endpoint=hub_endpoint),
         candidates=candidates,
@@ -80,7 +86,7 @@ def release(
     seconds: dict[str, float] = {}
 
     mark = time.monotonic()
-    acquired = acquire_model(config.source)
+    acquired = acquire_model(config.source, token)
     seconds["acquire"] = time.monotonic() - mark
 
     mark = time.monotonic()
@@ -228,7 +234,12 @@ def main() -> None:
     params.setdefault("revision", args.revision)
     if args.hub_endpoint:
         params.setdefault("hub_endpoint", args.hub_endpoint)
-    outcome = json.dumps(release(**params), indent=2, default=str)
+    try:
+        result = release(**params)
+    except (ReleaseError, ValidationError, ParameterTypeError) as exc:
+        # Bad input ends in one line (Prefect's run log keeps the traceback).
+        raise SystemExit(f"error: {one_line(exc)}") from None
+    outcome = json.dumps(result, indent=2, default=str)
     if args.output:
         atomic_write_text(args.output, outcome + "\n")
     print(outcome)

@@ -5,13 +5,15 @@ import threading
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
+from pydantic import SecretStr
 
 from llm_release.acquire import Acquired, acquire, check_repo_contract, resolve
 from llm_release.config import SourceConfig
 
 
 @task(name="acquire", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def acquire_model(source: SourceConfig) -> Acquired:
+def acquire_model(source: SourceConfig, token: SecretStr | None = None) -> Acquired:
+    """``token`` stays a SecretStr until the hub client gets it: Prefect shows it masked."""
     logger = get_run_logger()
     progress_id = create_progress_artifact(progress=0.0, description="model download")
     seen = {"bytes": 0, "total": 0, "reported": 0.0}
@@ -30,7 +32,12 @@ def acquire_model(source: SourceConfig) -> Acquired:
                 seen["reported"] = percent
                 update_progress_artifact(progress_id, progress=min(percent, 99.0))
 
-    acquired = acquire(source, progress=on_bytes, on_start=on_start)
+    acquired = acquire(
+        source,
+        progress=on_bytes,
+        on_start=on_start,
+        token=token.get_secret_value() if token else None,
+    )
     check_repo_contract(acquired.model_dir)
     update_progress_artifact(progress_id, progress=100.0)
     logger.info(

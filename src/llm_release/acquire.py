@@ -10,13 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypeVar
 
-from . import paths
+from . import credentials, paths, safety
 from .config import SourceConfig
 from .download import (
     Expected,
@@ -29,7 +31,9 @@ from .download import (
 )
 from .errors import AcquireError, ConfigError, IntegrityError
 from .fileio import atomic_write_json, sha256_file
+from .safety import UnsafeNameError
 
+T = TypeVar("T")
 MANIFEST_SUFFIX = ".manifest.json"
 MAX_ATTEMPTS = 3
 
@@ -74,10 +78,12 @@ def local_dir_for(repo_id: str, commit: str) -> Path:
     return paths.models_dir() / repo_id.replace("/", "--") / commit
 
 
-def _api(source: SourceConfig):
+def _api(source: SourceConfig, token: str | None):
     from huggingface_hub import HfApi
 
-    return HfApi(endpoint=source.endpoint) if source.endpoint else HfApi()
+    # Endpoint and token go to this client object only: no process-wide setting pairs
+    # one hub's token with another hub.
+    return HfApi(endpoint=credentials.hf_endpoint(source.endpoint), token=token)
 
 
 def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
@@ -110,13 +116,39 @@ def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
     return commit, files
 
 
+def with_deadline(call: Callable[[], T], timeout_s: float) -> T:
+    """``call()``'s result, or :class:`TimeoutError` after ``timeout_s`` seconds.
+
+    For client libraries whose own timeouts do not bound a call end to end. The call goes
+    on in a daemon thread until the library gives up; nothing waits for it, exit included.
+    """
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True, name="hub-metadata")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {timeout_s:.0f}s")
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
 def modelscope_endpoint(source: SourceConfig) -> str:
     return (
         source.endpoint or os.environ.get("MODELSCOPE_ENDPOINT") or "https://www.modelscope.cn"
     ).rstrip("/")
 
 
-def resolve_modelscope(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
+def resolve_modelscope(
+    source: SourceConfig, *, timeout_s: float = 60.0, token: str | None = None
+) -> tuple[str, list[RemoteFile]]:
     """List files with their SHA-256 through the modelscope SDK.
 
     ModelScope's file API names no commit for a revision, so the local folder is named by
@@ -126,9 +158,15 @@ def resolve_modelscope(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
     from modelscope.hub.api import HubApi
 
     revision = "master" if source.revision == "main" else source.revision
-    api = HubApi(endpoint=modelscope_endpoint(source))
+    api = HubApi(
+        endpoint=modelscope_endpoint(source), timeout=max(1, round(timeout_s)), token=token
+    )
     try:
-        infos = api.list_repo_files(source.repo_id, "model", revision=revision)
+        # The SDK's listing keeps its own per-page timeouts and retries (minutes in all),
+        # whatever the client's timeout says; the deadline bounds the whole call.
+        infos = with_deadline(
+            lambda: api.list_repo_files(source.repo_id, "model", revision=revision), timeout_s
+        )
     except Exception as exc:  # the SDK raises requests' and its own errors alike
         raise AcquireError(
             f"ModelScope could not list {source.repo_id}@{revision} at "
@@ -164,21 +202,62 @@ def modelscope_file_url(source: SourceConfig, path: str) -> str:
     )
 
 
-def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
-    """Resolve the revision to a commit and list the files with their published hashes."""
+def resolve(
+    source: SourceConfig, *, timeout_s: float = 60.0, token: str | None = None
+) -> tuple[str, list[RemoteFile]]:
+    """Resolve the revision to a commit and list the files with their published hashes.
+
+    The commit id names a folder and every file name becomes a path under it, so both are
+    checked here, before any caller creates or removes anything; a file the hub gives no
+    hash or no size for cannot be verified or bounded, so it is refused here too. Metadata
+    calls give up after ``timeout_s`` without an answer.
+    """
     if source.hub == "local":
-        return resolve_local(source)
-    if source.hub == "modelscope":
-        return resolve_modelscope(source)
+        commit, files = resolve_local(source)
+    elif source.hub == "modelscope":
+        commit, files = resolve_modelscope(source, timeout_s=timeout_s, token=token)
+    else:
+        commit, files = _resolve_hf(source, timeout_s=timeout_s, token=token)
+    where = f"{source.hub} {source.repo_id}@{source.revision}"
+    try:
+        safety.commit_id(commit, where)
+        safety.listing([f.path for f in files], "file name")
+    except UnsafeNameError as exc:
+        raise AcquireError(
+            f"{where}: {exc.message}",
+            hint="the source published an unsafe name and nothing was written; leave the file "
+            "out with allow_patterns, or report it to the source's owner",
+        ) from None
+    unverifiable = [f.path for f in files if not (f.sha256 or f.blob_id) or f.size is None]
+    if unverifiable:
+        raise AcquireError(
+            f"{where}: no published SHA-256 / git blob id and size for "
+            f"{', '.join(ascii(p) for p in unverifiable[:5])}; such bytes cannot be verified",
+            hint="ask the hub owner to publish hashes, or leave the files out with allow_patterns",
+        )
+    return commit, files
+
+
+def _resolve_hf(
+    source: SourceConfig, *, timeout_s: float, token: str | None
+) -> tuple[str, list[RemoteFile]]:
+    import httpx
     from huggingface_hub.errors import (
         HfHubHTTPError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
-    api = _api(source)
+    api = _api(source, token)
     try:
-        info = api.model_info(source.repo_id, revision=source.revision, files_metadata=True)
+        # timeout= bounds each socket operation; the deadline bounds the whole call (a hub
+        # that trickles a byte at a time never trips a per-read timeout).
+        info = with_deadline(
+            lambda: api.model_info(
+                source.repo_id, revision=source.revision, files_metadata=True, timeout=timeout_s
+            ),
+            timeout_s,
+        )
     except RevisionNotFoundError as exc:
         raise AcquireError(
             f"revision {source.revision!r} does not exist in {source.repo_id}",
@@ -190,9 +269,15 @@ def resolve(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
             hint="check the repo id, the endpoint (HF_ENDPOINT) and, for a gated or private "
             "repo, the token (HF_TOKEN)",
         ) from exc
-    except (HfHubHTTPError, OSError) as exc:
+    except (httpx.TimeoutException, TimeoutError) as exc:
         raise AcquireError(
-            f"cannot reach the hub at {api.endpoint}: {type(exc).__name__}",
+            f"the hub at {api.endpoint} did not answer the listing of {source.repo_id} within "
+            f"{timeout_s:.0f}s ({type(exc).__name__})",
+            hint="check that the hub is up and reachable; raise stall_timeout_s for a slow one",
+        ) from exc
+    except (HfHubHTTPError, OSError, httpx.HTTPError, ValueError) as exc:
+        raise AcquireError(
+            f"cannot list {source.repo_id} at {api.endpoint}: {type(exc).__name__}",
             hint="check HF_ENDPOINT / source.endpoint and that the hub is running",
         ) from exc
     files = []
@@ -260,23 +345,31 @@ def acquire(
     progress: ProgressFn | None = None,
     settings: TransferSettings | None = None,
     on_start: Callable[[int, int], None] | None = None,
+    token: str | None = None,
 ) -> Acquired:
     """Download ``source`` pinned to a commit; every file verified before it is reported.
 
+    ``token`` (a hub token) is sent to ``source``'s endpoint only; without one the hub
+    client's own default applies (``HF_TOKEN`` or a cached login) for Hugging Face hubs.
     Small files come first, then the first weight shard alone (a wrong endpoint, path or
     token fails in seconds), then the other shards with ``settings.workers`` in parallel.
     """
-    from huggingface_hub import constants, hf_hub_url
+    from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session
 
     settings = settings or TransferSettings()
-    commit, remote_files = resolve(source)
+    commit, remote_files = resolve(source, timeout_s=settings.stall_timeout_s, token=token)
     if not remote_files:
         raise AcquireError(
             f"{source.repo_id}@{commit} has no files matching {source.allow_patterns}"
         )
     model_dir = local_dir_for(source.repo_id, commit)
     check_target_path(model_dir)
+    # Every target is proven to lie inside the model folder before the folder is made.
+    try:
+        targets = {r.path: safety.inside(model_dir, r.path) for r in remote_files}
+    except UnsafeNameError as exc:
+        raise AcquireError(f"{source.repo_id}@{commit}: {exc.message}") from None
     manifest_path = model_dir.with_name(commit + MANIFEST_SUFFIX)
     if _manifest_matches(manifest_path, model_dir):
         return Acquired(model_dir, manifest_path, commit, source.repo_id, 0, reused=True)
@@ -287,14 +380,17 @@ def acquire(
     endpoint = (
         f"file://{source.local_path}"
         if source.hub == "local"
-        else source.endpoint or constants.ENDPOINT
+        else modelscope_endpoint(source)
+        if source.hub == "modelscope"
+        else credentials.hf_endpoint(source.endpoint)
     )
     client = get_session()
-    headers = build_hf_headers()
+    # A Hugging Face token is for a Hugging Face hub: ModelScope file URLs get none.
+    headers = build_hf_headers(token=False if source.hub != "huggingface" else token)
     outcomes: dict[str, Outcome] = {}
 
     def one(remote: RemoteFile) -> Outcome:
-        target = model_dir / remote.path
+        target = targets[remote.path]
         problem, sha256 = _verify_existing(target, remote) if target.exists() else ("", None)
         if problem is None:
             return Outcome(sha256=sha256, attempts=0, bytes=0)
@@ -386,8 +482,25 @@ def verify_dir(model_dir: Path) -> list[str]:
             f"{model_dir} has no manifest ({manifest_path})",
             hint="download it with 'llm-release download' first",
         )
-    manifest = json.loads(manifest_path.read_text())
-    entries = manifest["files"]
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        entries = manifest["files"]
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise TypeError("'files' is not a list of entries")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise AcquireError(
+            f"{manifest_path} is not a valid manifest ({type(exc).__name__}: {exc})",
+            hint="download the model again with 'llm-release download'",
+        ) from None
+
+    for entry in entries:
+        try:
+            safety.inside(model_dir, safety.relative_path(entry.get("path"), "manifest path"))
+        except UnsafeNameError as exc:
+            raise AcquireError(
+                f"{manifest_path}: {exc.message}",
+                hint="the manifest was edited or corrupted; download the model again",
+            ) from None
 
     def one(entry: dict) -> str | None:
         path = model_dir / entry["path"]
@@ -423,8 +536,22 @@ def check_repo_contract(model_dir: Path) -> None:
         missing.append("tokenizer.json")
     index_path = model_dir / "model.safetensors.index.json"
     if index_path.exists():
-        index = json.loads(index_path.read_text())
-        shards = sorted(set(index.get("weight_map", {}).values()))
+        try:
+            index = json.loads(index_path.read_text())
+            shards = sorted(set(index.get("weight_map", {}).values()))
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise AcquireError(
+                f"{index_path} is not a valid safetensors index ({type(exc).__name__})",
+                hint="re-publish the model with a valid model.safetensors.index.json",
+            ) from None
+        try:
+            for shard in shards:
+                safety.inside(model_dir, safety.relative_path(shard, "index shard name"))
+        except UnsafeNameError as exc:
+            raise AcquireError(
+                f"{index_path}: {exc.message}",
+                hint="the safetensors index names a file outside the model; re-publish it",
+            ) from None
         for shard in shards:
             if not (model_dir / shard).exists():
                 missing.append(shard)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import paths
-from .errors import ReleaseError
+from .errors import ReleaseError, one_line
 
 
 def _print_status(as_json: bool) -> None:
@@ -66,11 +66,13 @@ def cmd_hub(args: argparse.Namespace) -> None:
         print(f"published {args.repo_id} ({args.branch}) at commit {commit}")
 
 
-def cmd_down(args: argparse.Namespace) -> None:
+def cmd_down(args: argparse.Namespace) -> int:
+    from .processes import started_before
     from .promote import down
     from .serve import stop_process_group
 
-    stopped = down()
+    problems: list[str] = []
+    stopped = down(problems)
     pid_dir = paths.home() / "pids"
     for pid_file in sorted(pid_dir.glob("*.pid")) if pid_dir.exists() else []:
         try:
@@ -78,10 +80,14 @@ def cmd_down(args: argparse.Namespace) -> None:
         except ValueError:
             pid_file.unlink()
             continue
-        if stop_process_group(pid, grace_s=10):
+        # A process that started after its pid file was written got a reused pid.
+        if started_before(pid, pid_file.stat().st_mtime) and stop_process_group(pid, grace_s=10):
             stopped.append(f"{pid_file.stem} (pid {pid})")
         pid_file.unlink()
     print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def cmd_eval_sets(args: argparse.Namespace) -> int:
@@ -105,7 +111,7 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
                 summary = evalsets.validate(name, root, calibration)
             except ReleaseError as exc:
                 failed += 1
-                print(f"FAIL {name}: {exc}")
+                print(f"FAIL {name}: {exc.one_line()}")
                 continue
             print(
                 f"ok   {name}: {summary['items']} items, metrics {', '.join(summary['metrics'])}"
@@ -191,6 +197,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-release", description=__doc__)
+    parser.add_argument(
+        "--debug", action="store_true", help="print the traceback of an error, not one line"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     canary = sub.add_parser("canary", help="inspect, promote or roll back the canary")
@@ -244,12 +253,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Errors are one line on stderr saying what is wrong and how to fix it, exit code 2
+    (1 for an unexpected error, which is a bug); the traceback only with --debug."""
+    from pydantic import ValidationError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
     except ReleaseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"error: {exc.one_line()}", file=sys.stderr)
         return 2
+    except ValidationError as exc:
+        if args.debug:
+            raise
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        text = " ".join(str(exc).split())[:300]
+        print(
+            f"error: unexpected {type(exc).__name__}: {text} (how to fix: run again with "
+            "--debug for the traceback and report it)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

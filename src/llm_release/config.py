@@ -7,6 +7,20 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .credentials import check_endpoint
+from .safety import SET_NAME
+
+REPO_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*"
+
+
+def _set_name(value: str, what: str) -> str:
+    # Eval sets and calibration sets are named by a folder/file name under the repository.
+    if not SET_NAME.fullmatch(value) or len(value) > 100:
+        raise ValueError(
+            f"{what} {value!r}: use lower-case letters, digits, '_' and '-' (a name, not a path)"
+        )
+    return value
+
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -14,6 +28,9 @@ class StrictModel(BaseModel):
 
 class SourceConfig(StrictModel):
     """Where the model comes from. ``endpoint`` points at a Hub-compatible server."""
+
+    # A refused endpoint may hold a password: validation errors do not repeat the input.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     hub: Literal["huggingface", "modelscope", "local"] = "huggingface"
     repo_id: str = Field(
@@ -32,10 +49,17 @@ class SourceConfig(StrictModel):
             raise ValueError("local_path is required with hub='local' and only allowed with it")
         return self
 
+    @field_validator("endpoint")
+    @classmethod
+    def _plain_endpoint(cls, value: str | None) -> str | None:
+        # The endpoint is written to the manifest and to messages: no credentials in it.
+        return None if value is None else check_endpoint(value)
+
     @field_validator("repo_id")
     @classmethod
     def _repo_id_shape(cls, value: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", value):
+        # Each part names a folder on the hub and on disk: never '.', '..' or hidden.
+        if not re.fullmatch(REPO_ID, value):
             raise ValueError(
                 f"repo_id {value!r} is not of the form 'owner/name' (letters, digits, '.', '_', '-')"
             )
@@ -61,6 +85,11 @@ class CandidateConfig(StrictModel):
     extra_serving_args: list[str] = Field(
         default_factory=list, description="vLLM arguments for this candidate only"
     )
+
+    @field_validator("calibration_set")
+    @classmethod
+    def _calibration_name(cls, value: str) -> str:
+        return _set_name(value, "calibration_set")
 
     @field_validator("name")
     @classmethod
@@ -92,12 +121,96 @@ class ServingConfig(StrictModel):
     )
     extra_args: list[str] = Field(default_factory=list, description="passed to vLLM verbatim")
     startup_timeout_s: float = Field(900, gt=0)
+    allow_unsafe_serving_args: bool = Field(
+        False,
+        description="allow extra_args / extra_serving_args that change where vLLM listens, "
+        "what code it trusts or which model it loads (see README, Security)",
+    )
+
+    @model_validator(mode="after")
+    def _safe_extra_args(self) -> ServingConfig:
+        if not self.allow_unsafe_serving_args:
+            check_serving_args(self.extra_args, "serving.extra_args")
+        return self
+
+
+# vLLM arguments the pipeline sets itself or never wants from a parameter: they would
+# re-bind the server (e.g. to 0.0.0.0), make it run code from the model repo or a plugin,
+# or serve a different model than the one that was verified.
+UNSAFE_SERVING_ARGS = {
+    "changes where the server listens": (
+        "--host",
+        "--port",
+        "--uds",
+        "--headless",
+        "--api-server-count",
+        "--data-parallel-address",
+        "--data-parallel-rpc-port",
+        "--allowed-origins",
+        "--allow-credentials",
+        "--ssl-keyfile",
+        "--ssl-certfile",
+        "--root-path",
+    ),
+    "changes what code the server trusts": (
+        "--trust-remote-code",
+        "--allowed-local-media-path",
+        "--allowed-media-domains",
+        "--tool-parser-plugin",
+        "--reasoning-parser-plugin",
+        "--middleware",
+        "--logits-processors",
+        "--worker-cls",
+        "--worker-extension-cls",
+        "--config",
+        "--chat-template",
+        "--hf-overrides",
+        "--code-revision",
+    ),
+    "changes which model the server loads": (
+        "--model",
+        "--tokenizer",
+        "--served-model-name",
+        "--download-dir",
+        "--revision",
+        "--tokenizer-revision",
+        "--load-format",
+        "--model-loader-extra-config",
+        "--model-impl",
+        "--speculative-config",
+        "--lora-modules",
+        "--enable-lora",
+    ),
+}
+
+
+def check_serving_args(args: list[str], where: str) -> None:
+    """ValueError on the first argument in ``UNSAFE_SERVING_ARGS``.
+
+    vLLM's parser accepts '_' for '-', '--flag=value' and unambiguous prefixes
+    ('--trust-remote'), so each flag is normalised and matched as a prefix too.
+    """
+    for arg in args:
+        if not arg.startswith("--"):
+            continue
+        flag = "--" + arg[2:].split("=", 1)[0].replace("_", "-").lower()
+        for reason, unsafe in UNSAFE_SERVING_ARGS.items():
+            if len(flag) > 3 and any(u == flag or u.startswith(flag) for u in unsafe):
+                raise ValueError(
+                    f"{where}: {arg.split('=', 1)[0]!r} {reason}; the pipeline sets it itself. "
+                    "Remove it, or set serving.allow_unsafe_serving_args: true if you mean it"
+                )
 
 
 class EvalConfig(StrictModel):
     eval_sets: list[str] = Field(default_factory=lambda: ["manufacturing_kb", "refusal_kb"])
     num_concurrent: int = Field(4, ge=1)
     limit: int | None = Field(None, ge=1, description="evaluate only the first N items")
+
+    @field_validator("eval_sets")
+    @classmethod
+    def _eval_set_names(cls, value: list[str]) -> list[str]:
+        return [_set_name(v, "eval set") for v in value]
 
 
 class LoadProfile(StrictModel):
@@ -138,6 +251,14 @@ class ReleaseConfig(StrictModel):
     load: LoadProfile = Field(default_factory=LoadProfile)
     gates: Gates = Field(default_factory=Gates)
     canary_weight: int = Field(5, ge=1, le=50, description="percent of traffic to the canary")
+
+    @model_validator(mode="after")
+    def _safe_candidate_args(self) -> ReleaseConfig:
+        # Each candidate's arguments join serving.extra_args; the same flag allows both.
+        if not self.serving.allow_unsafe_serving_args:
+            for c in self.candidates:
+                check_serving_args(c.extra_serving_args, f"candidates[{c.name}].extra_serving_args")
+        return self
 
     @model_validator(mode="after")
     def _unique_candidates(self) -> ReleaseConfig:

@@ -113,6 +113,8 @@ def fetch_once(
     if expected.size is not None and offset > expected.size:
         part.unlink()
         raise TransferError(f"partial file longer than published ({offset} > {expected.size})")
+    if not part.exists():
+        part.touch()  # an empty file gets no request; its empty bytes are still verified
     request_headers = dict(headers)
     if offset and (expected.size is None or offset < expected.size):
         request_headers["Range"] = f"bytes={offset}-"
@@ -124,6 +126,8 @@ def fetch_once(
             write=stall_timeout_s,
             pool=stall_timeout_s,
         )
+        limit = None if expected.size is None else expected.size + 1
+        overrun = False
         try:
             with client.stream(
                 "GET", url, headers=request_headers, timeout=timeout, follow_redirects=True
@@ -138,11 +142,19 @@ def fetch_once(
                     pipe = _HashPipe(hashes)
                     try:
                         for chunk in response.iter_bytes(CHUNK):
+                            if limit is not None and done + len(chunk) > limit:
+                                # One byte past the published size proves the stream too
+                                # long; nothing more is written (a hostile hub could fill
+                                # the disk).
+                                chunk = chunk[: limit - done]
+                                overrun = True
                             out.write(chunk)
                             pipe.update(chunk)
                             done += len(chunk)
                             if progress:
                                 progress(expected.path, len(chunk))
+                            if overrun:
+                                break
                     finally:
                         pipe.close()
         except httpx.TimeoutException as exc:
@@ -154,6 +166,9 @@ def fetch_once(
             raise TransferError(
                 f"connection broke after {done} bytes: {type(exc).__name__}"
             ) from exc
+    if expected.size is not None and done > expected.size:
+        part.unlink(missing_ok=True)
+        raise TransferError(f"long stream: more than the published {expected.size} bytes")
     if expected.size is not None and done < expected.size:
         raise TransferError(f"short transfer: {done} of {expected.size} bytes (will resume)")
     sha256 = hashes.sha256.hexdigest()

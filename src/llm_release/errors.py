@@ -17,6 +17,29 @@ class ReleaseError(Exception):
     def __str__(self) -> str:
         return f"{self.message}\n  how to fix: {self.hint}" if self.hint else self.message
 
+    def one_line(self) -> str:
+        """What is wrong and how to fix it, on one line (the CLI's error output)."""
+        text = " ".join(self.message.split())
+        return f"{text} (how to fix: {' '.join(self.hint.split())})" if self.hint else text
+
+
+def one_line(exc: BaseException) -> str:
+    """An input error as one line: the project's errors with their hint, pydantic's
+    validation errors field by field (without the rejected input, which may be a secret)."""
+    if isinstance(exc, ReleaseError):
+        return exc.one_line()
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            parts = [
+                f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}" for e in errors()
+            ]
+        except (TypeError, KeyError):
+            parts = []
+        if parts:
+            return "invalid input: " + " ".join("; ".join(parts).split())
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+
 
 class ConfigError(ReleaseError):
     """Invalid configuration or parameters, detected before any expensive work."""

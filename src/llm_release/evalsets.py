@@ -19,8 +19,8 @@ import jinja2
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import metrics, paths
-from .errors import EvalError
+from . import metrics, paths, safety, templates
+from .errors import EvalError, ReleaseError
 
 TEMPLATE = "_template"
 README_FIELDS = ("Purpose", "Owner", "Criticality")
@@ -120,9 +120,60 @@ def _pydantic_message(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
-def _read_yaml(path: Path) -> dict:
+MAX_YAML_BYTES = 1 << 20
+
+
+def _read_text(path: Path, limit: int | None = None) -> str:
+    """A data file as UTF-8 text; bad bytes are an error naming the file and line."""
+    data = path.read_bytes()
+    if limit is not None and len(data) > limit:
+        raise EvalSetError(path, None, None, f"is {len(data)} bytes; at most {limit} allowed")
     try:
-        data = yaml.safe_load(path.read_text())
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise EvalSetError(
+            path, line, None, f"not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+        ) from None
+
+
+def _check_yaml_structure(path: Path, text: str) -> None:
+    """No aliases (an alias bomb expands a few lines into gigabytes) and no duplicate keys
+    (YAML keeps the last silently, so a reviewer reads a different task than lm-eval)."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent):
+            raise EvalSetError(
+                path,
+                event.start_mark.line + 1,
+                None,
+                f"YAML alias *{event.anchor} is not allowed",
+                hint="write the value out; anchors and aliases are refused in eval sets",
+            )
+    stack = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[str, int] = {}
+            for key, value in node.value:
+                name = str(key.value)
+                if name in seen:
+                    raise EvalSetError(
+                        path,
+                        key.start_mark.line + 1,
+                        name,
+                        f"duplicate key (first on line {seen[name]})",
+                    )
+                seen[name] = key.start_mark.line + 1
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+def _read_yaml(path: Path) -> dict:
+    text = _read_text(path, MAX_YAML_BYTES)
+    try:
+        _check_yaml_structure(path, text)
+        data = yaml.safe_load(text)
     except yaml.constructor.ConstructorError as exc:
         line = exc.problem_mark.line + 1 if exc.problem_mark else None
         raise EvalSetError(
@@ -140,27 +191,57 @@ def _read_yaml(path: Path) -> dict:
             None,
             f"not valid YAML: {getattr(exc, 'problem', exc)}",
         ) from None
+    except RecursionError:
+        raise EvalSetError(path, None, None, "nested too deeply") from None
     if not isinstance(data, dict):
         raise EvalSetError(path, 1, None, "expected a mapping at the top level")
     return data
 
 
-def _key_lines(path: Path) -> dict[str, int]:
+@dataclass(frozen=True)
+class Origin:
+    """Where a top-level key of a task was written: file, key line, value line and style."""
+
+    file: Path
+    line: int
+    value_line: int
+    block: bool  # a '|' or '>' scalar: its text starts on the line after value_line
+
+    def template_line(self, line_in_template: int) -> int:
+        if self.block:
+            return self.value_line + line_in_template
+        return self.line
+
+
+def _origins(path: Path) -> dict[str, Origin]:
     try:
-        node = yaml.compose(path.read_text())
+        node = yaml.compose(_read_text(path, MAX_YAML_BYTES), Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return {}
     if not isinstance(node, yaml.MappingNode):
         return {}
-    return {k.value: k.start_mark.line + 1 for k, _ in node.value}
+    return {
+        str(k.value): Origin(
+            path,
+            k.start_mark.line + 1,
+            v.start_mark.line + 1,
+            getattr(v, "style", None) in ("|", ">"),
+        )
+        for k, v in node.value
+    }
 
 
-def _load_task(path: Path, root: Path, seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, int]]:
+def _load_task(
+    path: Path, root: Path, seen: tuple[Path, ...] = ()
+) -> tuple[dict, dict[str, int], dict[str, Origin]]:
     data = _read_yaml(path)
-    lines = _key_lines(path)
+    origins = _origins(path)
+    lines = {k: o.line for k, o in origins.items()}
     include = data.pop("include", None)
     if include is None:
-        return data, lines
+        return data, lines, origins
+    if not isinstance(include, str):
+        raise EvalSetError(path, lines.get("include"), "include", "must be a relative path")
     base_path = (path.parent / str(include)).resolve()
     if root.resolve() not in base_path.parents or not base_path.exists():
         raise EvalSetError(
@@ -171,8 +252,8 @@ def _load_task(path: Path, root: Path, seen: tuple[Path, ...] = ()) -> tuple[dic
         )
     if base_path in seen:
         raise EvalSetError(path, lines.get("include"), "include", "include cycle")
-    base, _ = _load_task(base_path, root, (*seen, path))
-    return base | data, lines
+    base, _, base_origins = _load_task(base_path, root, (*seen, path))
+    return base | data, lines, base_origins | origins
 
 
 def parse_readme(path: Path) -> dict[str, str]:
@@ -185,7 +266,7 @@ def parse_readme(path: Path) -> dict[str, str]:
             hint=f"copy eval_sets/{TEMPLATE}/README.md and fill it in",
         )
     found = {}
-    for line in path.read_text().splitlines():
+    for line in _read_text(path).splitlines():
         match = re.match(r"\s*[-*]\s*\*\*(\w+):\*\*\s*(.*)", line)
         if match:
             found[match.group(1)] = match.group(2).strip()
@@ -199,6 +280,7 @@ def parse_readme(path: Path) -> dict[str, str]:
 
 def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
     root = root or paths.eval_sets_dir()
+    safety.set_name(name, "eval set")  # a name, never a path out of eval_sets/
     directory = root / name
     task_path = directory / "task.yaml"
     if not task_path.exists():
@@ -207,7 +289,7 @@ def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
             hint=f"available eval sets: {', '.join(available(root)) or 'none'}; "
             f"create one with 'llm-release eval-sets new {name}'",
         )
-    task, lines = _load_task(task_path, root)
+    task, lines, origins = _load_task(task_path, root)
     unknown = sorted(set(task) - LM_EVAL_KEYS - OUR_KEYS)
     if unknown:
         raise EvalSetError(
@@ -227,7 +309,9 @@ def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
     for required in ("doc_to_text", "doc_to_target", "metric_list"):
         if not task.get(required):
             raise EvalSetError(task_path, None, required, "is required")
-    version = (task.get("metadata") or {}).get("version")
+    check_templates(task, task_path, origins)
+    metadata = task.get("metadata")
+    version = metadata.get("version") if isinstance(metadata, dict) else None
     if version is None:
         raise EvalSetError(
             task_path,
@@ -236,8 +320,24 @@ def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
             "is required: bump it whenever items, prompt or scoring change",
         )
     split = task.get("test_split", "test")
-    relative = ((task.get("dataset_kwargs") or {}).get("data_files") or {}).get(split)
-    if not relative:
+    # lm-eval hands these to datasets.load_dataset: only the local JSON loader and its data
+    # files, never a hub dataset, a loading script or trust_remote_code.
+    if task.get("dataset_path", "json") != "json":
+        raise EvalSetError(
+            task_path, lines.get("dataset_path"), "dataset_path", "must be 'json' (local items)"
+        )
+    extra = sorted(set(task.get("dataset_kwargs") or {}) - {"data_files"})
+    if extra:
+        raise EvalSetError(
+            task_path,
+            lines.get("dataset_kwargs"),
+            f"dataset_kwargs.{extra[0]}",
+            "not allowed; dataset_kwargs may only name data_files",
+        )
+    kwargs = task.get("dataset_kwargs")
+    files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+    relative = files.get(split) if isinstance(files, dict) else None
+    if not relative or not isinstance(relative, str):
         raise EvalSetError(
             task_path,
             lines.get("dataset_kwargs"),
@@ -267,6 +367,33 @@ def load_eval_set(name: str, root: Path | None = None) -> EvalSet:
     )
     readme = parse_readme(directory / "README.md")
     return EvalSet(name, directory, task, data_path, metric_names, gates, readme, lines)
+
+
+def check_templates(task: dict, task_path: Path, origins: dict[str, Origin] | None = None) -> None:
+    """Every rendered field is plain text, data fields and allowed filters (see templates)."""
+    origins = origins or {}
+    for field_name in templates.TEMPLATE_FIELDS:
+        if field_name not in task:
+            continue
+        value = task[field_name]
+        origin = origins.get(field_name)
+        file = origin.file if origin else task_path
+        if isinstance(value, int) and not isinstance(value, bool) and field_name == "doc_to_target":
+            continue  # an index into the choices, not a template
+        if not isinstance(value, str):
+            raise EvalSetError(
+                file, origin.line if origin else None, field_name, "must be a text template"
+            )
+        problem = templates.check(value)
+        if problem:
+            raise EvalSetError(
+                file,
+                origin.template_line(problem.line) if origin else None,
+                field_name,
+                problem.message,
+                hint="templates may only use {{ field }} and the filters "
+                f"{', '.join(sorted(templates.ALLOWED_FILTERS))}",
+            )
 
 
 def _gate_spec(
@@ -314,7 +441,7 @@ def available(root: Path | None = None) -> list[str]:
 def load_items(eval_set: EvalSet) -> list[dict]:
     """The items, each checked for an id, a reference answer and well-formed tags."""
     items, seen = [], {}
-    for lineno, line in enumerate(eval_set.data_path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(_read_text(eval_set.data_path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -347,12 +474,10 @@ def load_items(eval_set: EvalSet) -> list[dict]:
     return items
 
 
-_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-
-
 def render(template: str, item: dict, eval_set: EvalSet, template_field: str) -> str:
+    """Render one item's prompt in the sandbox; the template already passed the check."""
     try:
-        return _JINJA.from_string(template).render(**item)
+        return templates.render(template, item)
     except jinja2.UndefinedError as exc:
         missing = re.search(r"'(\w+)' is undefined", str(exc))
         raise EvalSetError(
@@ -361,7 +486,7 @@ def render(template: str, item: dict, eval_set: EvalSet, template_field: str) ->
             missing.group(1) if missing else None,
             f"missing, but {template_field} uses it",
         ) from None
-    except jinja2.TemplateError as exc:
+    except jinja2.TemplateError as exc:  # the sandbox's SecurityError is one
         raise EvalSetError(
             eval_set.directory / "task.yaml",
             eval_set.key_lines.get(template_field),
@@ -393,8 +518,9 @@ def validate(name: str, root: Path | None = None, calibration: list[str] | None 
     needed = {f for m in eval_set.metric_names for f in metrics.get(m).needs}
     calibration = calibration_texts() if calibration is None else calibration
     for item in items:
-        render(eval_set.task["doc_to_text"], item, eval_set, "doc_to_text")
-        render(str(eval_set.task["doc_to_target"]), item, eval_set, "doc_to_target")
+        for template_field in templates.TEMPLATE_FIELDS:
+            if isinstance(eval_set.task.get(template_field), str):
+                render(eval_set.task[template_field], item, eval_set, template_field)
         for field_name in sorted(needed):
             if item.get(field_name) in (None, ""):
                 metric = next(
@@ -456,8 +582,9 @@ def describe(root: Path | None = None) -> list[dict]:
         try:
             eval_set = load_eval_set(name, root)
             items = load_items(eval_set)
-        except EvalError as exc:
-            rows.append({"name": name, "error": str(exc).splitlines()[0]})
+        except ReleaseError as exc:
+            # One bad set is listed as invalid with its error; it hides no other set.
+            rows.append({"name": name, "error": exc.message})
             continue
         rows.append(
             {

@@ -12,7 +12,7 @@ import yaml
 
 from . import metrics, paths
 from .errors import EvalError
-from .evalsets import EvalSet, defaults, load_eval_set, load_items
+from .evalsets import EvalSet, check_templates, defaults, load_eval_set, load_items
 from .fileio import atomic_write_text
 from .results import EvalResult, ItemResult, MetricScore
 from .stats import bootstrap_mean_ci
@@ -35,6 +35,8 @@ def load_decoding(path: Path | None = None) -> dict:
 
 def task_config(eval_set: EvalSet, decoding: dict) -> dict:
     """The lm-eval task dict: absolute data path, fixed decoding, our metric functions."""
+    # lm-eval renders these with an unsandboxed Jinja: only checked templates go in.
+    check_templates(eval_set.task, eval_set.directory / "task.yaml")
     config = {
         k: v
         for k, v in json.loads(json.dumps(eval_set.task)).items()

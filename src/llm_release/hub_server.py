@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
+from .config import REPO_ID
 from .errors import ConfigError
 from .fileio import atomic_write_text, sha256_file
 
@@ -79,7 +80,7 @@ def describe_files(snapshot: Path) -> list[dict]:
 
 def publish_repo(root: Path, repo_id: str, source_dir: Path, *, branch: str = "main") -> str:
     """Publish the files of ``source_dir`` as a commit of ``repo_id`` and move ``branch`` to it."""
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):
+    if not re.fullmatch(REPO_ID, repo_id):
         raise ConfigError(f"repo id {repo_id!r} is not 'owner/name'")
     source_dir = Path(source_dir)
     files = describe_files(source_dir)
@@ -155,6 +156,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _repo(self, repo_id: str) -> _Repo | None:
+        # The repo id comes from the request's URL: never a path outside the root.
+        if not re.fullmatch(REPO_ID, repo_id):
+            return None
         directory = self.root / repo_id
         return _Repo(directory) if (directory / "refs.json").exists() else None
 

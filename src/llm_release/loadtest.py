@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from .config import LoadProfile
+from .credentials import child_env
 from .errors import LoadTestError
 from .results import LoadLevel, LoadResult
 
@@ -110,7 +110,7 @@ def _run_guidellm(
     log_path: Path,
 ) -> list[LoadLevel]:
     cmd = build_command(base_url, served_name, tokenizer_dir, profile, report_path)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
     budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
     with log_path.open("wb") as log_file:
         try:

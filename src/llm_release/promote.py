@@ -14,9 +14,9 @@ from pathlib import Path
 
 import requests
 
-from . import paths, registry
+from . import paths, processes, registry, safety
 from .config import ServingConfig
-from .errors import StateError
+from .errors import ReleaseError, StateError
 from .registry import RegistryState, Release
 from .router import Router, SlotTarget
 from .serve import free_port, start_detached, stop_process_group
@@ -43,17 +43,22 @@ def router_for(state: RegistryState) -> Router:
     return Router(paths.router_dir(), state.router_port or default_router_port())
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def release_alive(release: Release) -> bool:
+    """The recorded server still runs: same pid and start time (older records: a command
+    line naming the release). A reused pid is some other process, never ours."""
+    return processes.is_same(release.pid, release.pid_started, cmdline_has=release.release_id)
+
+
+def stop_release(release: Release) -> bool:
+    """Stop ``release``'s server if it is still the recorded process; False otherwise."""
+    if not release_alive(release):
         return False
-    return True
+    return stop_process_group(release.pid)
 
 
 def ensure_no_canary() -> None:
     state = registry.load()
-    if state.canary is not None and pid_alive(state.canary.pid):
+    if state.canary is not None and release_alive(state.canary):
         raise StateError(
             f"a canary is already live ({state.canary.release_id} at {state.canary_weight}%)",
             hint="finish it first: 'llm-release canary promote' or 'llm-release canary rollback'",
@@ -76,6 +81,7 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
         public_name=public_name,
         port=endpoint.port,
         pid=endpoint.pid,
+        pid_started=processes.start_time(endpoint.pid),
         log_path=str(log_path),
         run_dir=str(target.run_dir) if target.run_dir else None,
         serving=target.serving,
@@ -83,6 +89,16 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
 
 
 def _restart(release: Release) -> Release:
+    # The registry is a file anyone with access to the home can edit: a restart serves a
+    # model and writes a log only under the home, where the pipeline put them.
+    home = paths.home()
+    for what, value in (("model_dir", release.model_dir), ("log_path", release.log_path)):
+        if not safety.within(home, value):
+            raise StateError(
+                f"{registry.registry_path()}: stable release {what} {value!r} is outside {home}",
+                hint="the registry was edited or comes from another home; restore it, or move "
+                "it aside to release from scratch",
+            )
     endpoint = start_detached(
         Path(release.model_dir),
         [release.public_name, release.release_id],
@@ -90,7 +106,13 @@ def _restart(release: Release) -> Release:
         Path(release.log_path),
         port=free_port(),
     )
-    return release.model_copy(update={"port": endpoint.port, "pid": endpoint.pid})
+    return release.model_copy(
+        update={
+            "port": endpoint.port,
+            "pid": endpoint.pid,
+            "pid_started": processes.start_time(endpoint.pid),
+        }
+    )
 
 
 def _slot(release: Release | None, weight: int) -> SlotTarget | None:
@@ -118,7 +140,7 @@ def deploy(
 ) -> RegistryState:
     """Make sure a stable release serves, add the canary at ``canary_weight`` percent."""
     with registry.locked() as state:
-        if state.canary is not None and pid_alive(state.canary.pid):
+        if state.canary is not None and release_alive(state.canary):
             raise StateError(
                 f"a canary is already live ({state.canary.release_id})",
                 hint="'llm-release canary promote' or 'llm-release canary rollback' first",
@@ -135,7 +157,7 @@ def deploy(
                 state.stable = _start_release(stable_target, public_name, "stable")
                 started.append(state.stable)
                 state.log("stable", release=state.stable.release_id)
-            elif not pid_alive(state.stable.pid):
+            elif not release_alive(state.stable):
                 state.stable = _restart(state.stable)
                 started.append(state.stable)
             if canary_target is not None:
@@ -167,11 +189,11 @@ def running_requests(release: Release) -> float:
 
 def drain_and_stop(release: Release, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and pid_alive(release.pid):
+    while time.monotonic() < deadline and release_alive(release):
         if running_requests(release) == 0:
             break
         time.sleep(0.5)
-    stop_process_group(release.pid)
+    stop_release(release)
 
 
 def rollback(drain_timeout_s: float = 120) -> Release:
@@ -191,8 +213,12 @@ def rollback(drain_timeout_s: float = 120) -> Release:
         state.canary_weight = 0
         state.log("rollback", release=canary.release_id)
     drain_and_stop(canary, drain_timeout_s)
-    if router.running():
-        router.set_target("canary", None)
+    # The slot is parked under the lock, and only while no new canary took it: a release
+    # deployed during the drain owns the slot now, and HAProxy must agree with the registry.
+    with registry.locked() as state:
+        router = router_for(state)
+        if state.canary is None and router.running():
+            router.set_target("canary", None)
     return canary
 
 
@@ -234,7 +260,7 @@ def status() -> dict:
                 "repo_id": release.repo_id,
                 "commit": release.commit,
                 "backend_url": f"http://127.0.0.1:{release.port}",
-                "process_alive": pid_alive(release.pid),
+                "process_alive": release_alive(release),
                 "weight": int(row["weight"]) if row.get("weight") else None,
                 "requests": int(row["stot"]) if row.get("stot") else 0,
                 "health": row.get("status"),
@@ -249,14 +275,30 @@ def status() -> dict:
     }
 
 
-def down() -> list[str]:
-    """Stop every server the registry knows and the router; keep the records."""
+def down(problems: list[str] | None = None) -> list[str]:
+    """Stop every server the project started and the router; keep the records.
+
+    The registry's servers are stopped only if they are still the recorded processes. A
+    registry that cannot be read stops nothing less: its problem goes to ``problems`` (or
+    is raised after the stopping when no list is given), and the servers are found by
+    their command lines under the project home.
+    """
     stopped = []
-    state = registry.load()
+    error: ReleaseError | None = None
+    try:
+        state = registry.load()
+    except StateError as exc:
+        error, state = exc, RegistryState()
     for release in (state.canary, state.stable):
-        if release is not None and pid_alive(release.pid):
-            stop_process_group(release.pid)
+        if release is not None and stop_release(release):
             stopped.append(f"vLLM {release.release_id} (pid {release.pid})")
     if router_for(state).stop():
         stopped.append("HAProxy")
+    for pid in processes.under_home(paths.home()):
+        if stop_process_group(pid, grace_s=10):
+            stopped.append(f"unrecorded server (pid {pid})")
+    if error is not None:
+        if problems is None:
+            raise error
+        problems.append(error.one_line())
     return stopped

@@ -13,10 +13,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import paths
 from .config import ServingConfig
+from .errors import StateError
 from .fileio import atomic_write_text
 
 
@@ -32,6 +33,8 @@ class Release(BaseModel):
     public_name: str
     port: int
     pid: int
+    # The process's start time: with the pid, its identity (a pid alone can be reused).
+    pid_started: float | None = None
     log_path: str
     run_dir: str | None = None
     serving: ServingConfig
@@ -59,7 +62,15 @@ def load() -> RegistryState:
     path = registry_path()
     if not path.exists():
         return RegistryState()
-    return RegistryState.model_validate_json(path.read_text())
+    try:
+        return RegistryState.model_validate_json(path.read_bytes())
+    except (ValidationError, ValueError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StateError(
+            f"the release registry {path} is corrupt ({first})",
+            hint=f"'llm-release down' still stops the servers; then move {path.name} aside "
+            "(the next release starts from no stable release) or restore it from a backup",
+        ) from None
 
 
 def save(state: RegistryState) -> None:

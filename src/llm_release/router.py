@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import processes
+from .credentials import child_env
 from .errors import RouterError
 from .fileio import atomic_write_text
 
@@ -100,9 +102,8 @@ class Router:
             pid = int(self.pid_path.read_text().split()[0])
         except (FileNotFoundError, ValueError, IndexError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        # The pid file outlives HAProxy; a reused pid is not ours unless it runs our config.
+        if not processes.is_same(pid, None, cmdline_has=str(self.config_path)):
             return None
         return pid
 
@@ -132,12 +133,19 @@ class Router:
         )
         atomic_write_text(self.config_path, config)
         check = subprocess.run(
-            [binary, "-c", "-f", str(self.config_path)], capture_output=True, text=True
+            [binary, "-c", "-f", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            env=child_env(),
         )
         if check.returncode != 0:
             raise RouterError(f"HAProxy rejected its config:\n{check.stderr.strip()}")
+        # The daemon inherits this environment for its lifetime: no hub tokens in it.
         proc = subprocess.run(
-            [binary, "-D", "-f", str(self.config_path)], capture_output=True, text=True
+            [binary, "-D", "-f", str(self.config_path)],
+            capture_output=True,
+            text=True,
+            env=child_env(),
         )
         if proc.returncode != 0:
             raise RouterError(

@@ -17,6 +17,7 @@ import requests
 
 from . import hardware, paths
 from .config import ServingConfig
+from .credentials import child_env
 from .errors import ConfigError, ServeError
 
 LOG_TAIL_LINES = 40
@@ -132,18 +133,12 @@ def resolve_dtype(serving: ServingConfig, model_dir: Path) -> ServingConfig:
     return serving.model_copy(update={"dtype": dtype})
 
 
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "PREFECT_API_KEY")
-
-
 def server_env(serving: ServingConfig) -> dict[str, str]:
-    env = dict(os.environ)
+    env = child_env()  # the pipeline's secrets have no business in a model server
     env["VLLM_CPU_KVCACHE_SPACE"] = str(serving.cpu_kvcache_space_gib)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env["HF_HUB_OFFLINE"] = "1"
-    # The pipeline's secrets have no business in a model server's environment or logs.
-    for key in SECRET_ENV:
-        env.pop(key, None)
     return env
 
 

@@ -168,3 +168,13 @@ def test_vllm_servers_never_inherit_secrets(monkeypatch):
     monkeypatch.setenv("PREFECT_API_KEY", "pnu_x")
     env = server_env(ServingConfig())
     assert "HF_TOKEN" not in env and "PREFECT_API_KEY" not in env
+
+
+def test_a_hugging_face_token_never_goes_to_a_modelscope_hub(home, faulty, monkeypatch):
+    secret = "hf_ThisTokenIsForHuggingFaceOnly"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    ms = SourceConfig(hub="modelscope", repo_id=TINY_REPO, revision="main", endpoint=faulty.url)
+    acquired = acquire(ms, settings=FAST)
+    assert verify_dir(acquired.model_dir) == []
+    assert faulty.plan.requests, "the hub saw no request"
+    assert not any(secret in auth for auth in faulty.plan.authorizations)

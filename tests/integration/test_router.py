@@ -93,3 +93,17 @@ def test_slot_retarget_without_restart(router, backends):
     router.set_target("canary", None)
     assert {requests.get(f"{router.url}/x", timeout=5).text for _ in range(20)} == {"stable"}
     assert router.pid() == pid
+
+
+def test_haproxy_does_not_inherit_hub_tokens(home, backends, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_router_must_not_see")
+    monkeypatch.setenv("PREFECT_API_KEY", "pnu_router_must_not_see")
+    stable, _ = backends
+    r = Router(home / "router", free_port())
+    r.start(SlotTarget("127.0.0.1", stable.port, 100), None)
+    try:
+        environ = open(f"/proc/{r.pid()}/environ", "rb").read()
+    finally:
+        r.stop()
+    assert b"PATH=" in environ
+    assert b"must_not_see" not in environ

@@ -61,3 +61,47 @@ def test_the_demo_config_is_valid_release_parameters():
     assert set(params) <= set(inspect.signature(release.fn).parameters)
     config = ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}, **params})
     assert config.gates.ttft_p95_slo_s == params["gates"]["ttft_p95_slo_s"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--host", "0.0.0.0"],
+        ["--host=0.0.0.0"],
+        ["--port", "80"],
+        ["--uds", "/tmp/x.sock"],
+        ["--trust-remote-code"],
+        ["--trust_remote_code"],
+        ["--trust-remote"],
+        ["--allowed-local-media-path", "/"],
+        ["--model", "/other"],
+        ["--served-model-name", "gpt-4"],
+        ["--download-dir=/tmp"],
+        ["--seed", "1", "--TOKENIZER", "x"],
+    ],
+)
+def test_serving_args_that_rebind_trust_code_or_swap_the_model_are_refused(args):
+    with pytest.raises(ValidationError, match="allow_unsafe_serving_args") as info:
+        ServingConfig(extra_args=args)
+    assert len(str(info.value.errors()[0]["msg"]).splitlines()) == 1
+    with pytest.raises(ValidationError, match="extra_serving_args"):
+        ReleaseConfig.model_validate(
+            {
+                "source": {"repo_id": "a/b"},
+                "candidates": [{"name": "x", "scheme": "FP8_DYNAMIC", "extra_serving_args": args}],
+            }
+        )
+    allowed = ServingConfig(extra_args=args, allow_unsafe_serving_args=True)
+    assert allowed.extra_args == args
+    ReleaseConfig.model_validate(
+        {
+            "source": {"repo_id": "a/b"},
+            "serving": {"allow_unsafe_serving_args": True},
+            "candidates": [{"name": "x", "scheme": "FP8_DYNAMIC", "extra_serving_args": args}],
+        }
+    )
+
+
+def test_ordinary_serving_args_pass():
+    args = ["--seed", "7", "--kv-cache-dtype", "fp8", "--max-model-len=512", "--no-such-vllm-flag"]
+    assert ServingConfig(extra_args=args).extra_args == args

@@ -1,6 +1,7 @@
 """Eval sets as data: every set in the repo validates; each kind of mistake gets its own error."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -8,7 +9,7 @@ import pytest
 
 from llm_release import paths
 from llm_release.cli import main as cli
-from llm_release.errors import EvalError
+from llm_release.errors import EvalError, ReleaseError
 from llm_release.evalsets import (
     EvalSetError,
     available,
@@ -193,3 +194,140 @@ def test_prompt_text_from_every_shape_lm_eval_logs():
     json_chat = namedtuple("JsonChatStr", ["prompt"])(chat)
     for arguments in ([(json_chat, {})], [(chat, {})], [[repr((chat,))]]):
         assert _prompt_text({"arguments": arguments}) == "Passage [KB-1]: text"
+
+
+# -- hostile and broken eval sets: each refused with file and line, none runs code ----------
+
+INJECTIONS = [
+    "{{ ''.__class__.__mro__ }}",
+    "{{ cycler.__init__.__globals__.os.system('touch MARKER') }}",
+    "{% for x in range(2) %}{{ x }}{% endfor %}",
+    "{{ question | attr('__class__') }}",
+]
+
+
+@pytest.mark.parametrize("payload", INJECTIONS)
+@pytest.mark.parametrize("field", ["doc_to_text", "doc_to_target", "description"])
+def test_template_injection_in_every_rendered_field_is_refused(root, tmp_path, field, payload):
+    marker = tmp_path / "pwned"
+    task = root / "kb2" / "task.yaml"
+    text = json.dumps(payload.replace("MARKER", str(marker)))
+    if field == "description":
+        task.write_text(task.read_text() + f"description: {text}\n")
+        line = len(task.read_text().splitlines())
+    else:
+        lines = task.read_text().splitlines()
+        line = next(i for i, row in enumerate(lines, 1) if row.startswith(field + ":"))
+        lines[line - 1] = f"{field}: {text}"
+        task.write_text("\n".join(lines) + "\n")
+    with pytest.raises(EvalSetError) as info:
+        validate("kb2", root, calibration=[])
+    assert (info.value.file, info.value.line, info.value.field) == (task, line, field)
+    assert f"task.yaml:{line}:" in str(info.value)
+    assert not marker.exists()
+    assert cli(["eval-sets", "validate", "kb2", "--root", str(root)]) == 1
+    assert not marker.exists()
+
+
+def test_template_line_inside_a_block_scalar(root):
+    task = root / "kb2" / "task.yaml"
+    edit(
+        task,
+        'doc_to_target: "{{answer}}"',
+        "doc_to_target: |\n  {{answer}}\n  {{ answer.upper() }}",
+    )
+    with pytest.raises(EvalSetError) as info:
+        load_eval_set("kb2", root)
+    assert info.value.line == 11 and "calls" in info.value.message
+
+
+def test_yaml_alias_bomb_is_refused_before_it_expands(root):
+    task = root / "kb2" / "task.yaml"
+    bomb = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    bomb += [
+        f"{c}: &{c} [{', '.join(['*' + p] * 9)}]"
+        for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+    ]
+    original = task.read_text()
+    task.write_text(original + "\n".join(bomb) + "\n")
+    with pytest.raises(EvalSetError, match="alias") as info:
+        load_eval_set("kb2", root)
+    assert info.value.line == len(original.splitlines()) + 2
+
+
+def test_duplicate_keys_are_refused_at_the_second(root):
+    task = root / "kb2" / "task.yaml"
+    original = task.read_text()
+    task.write_text(original + 'doc_to_text: "{{question}}"\n')
+    with pytest.raises(EvalSetError, match="duplicate key .first on line 8") as info:
+        load_eval_set("kb2", root)
+    assert info.value.line == len(original.splitlines()) + 1 and info.value.field == "doc_to_text"
+
+
+@pytest.mark.parametrize("file", ["task.yaml", "data.jsonl", "README.md"])
+def test_non_utf8_bytes_are_a_one_line_error_with_file_and_line(root, capsys, file):
+    path = root / "kb2" / file
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = lines[2] + b" \xff\xfe"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(EvalSetError, match="not UTF-8") as info:
+        validate("kb2", root, calibration=[])
+    assert (info.value.file, info.value.line) == (path, 3)
+    assert cli(["eval-sets", "validate", "kb2", "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}:3:" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize("name", ["../eval_sets/kb2", "..", "/etc", "kb2/../kb2", "KB2"])
+def test_set_names_that_climb_out_are_refused(root, capsys, name):
+    with pytest.raises(ReleaseError, match="not allowed"):
+        load_eval_set(name, root)
+    assert cli(["eval-sets", "validate", name, "--root", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "not allowed" in out
+
+
+def test_include_outside_the_eval_sets_folder_is_refused(root, tmp_path):
+    (tmp_path / "outside.yaml").write_text("doc_to_text: '{{question}}'\n")
+    task = root / "kb2" / "task.yaml"
+    task.write_text("include: ../../outside.yaml\n" + task.read_text())
+    with pytest.raises(EvalSetError, match="inside") as info:
+        load_eval_set("kb2", root)
+    assert info.value.line == 1 and info.value.field == "include"
+
+
+def test_a_bad_set_does_not_hide_the_others_in_list(root, capsys):
+    evil = root / "evil"
+    shutil.copytree(root / "kb2", evil)
+    edit(evil / "task.yaml", "task: kb2", "task: evil")
+    edit(evil / "task.yaml", "Question: {{question}}", "{{ ''.__class__ }}")
+    shutil.copytree(root / "kb2", root / "Bad.Name")
+    assert cli(["eval-sets", "list", "--root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"(?m)^evil +INVALID: .*evil/task\.yaml:8: field 'doc_to_text'", out)
+    assert re.search(r"(?m)^Bad\.Name +INVALID: .*not allowed", out)
+    for good in ("kb2", "manufacturing_kb", "refusal_kb"):
+        assert re.search(rf"(?m)^{good} +v\d+ +\d+ items", out), good
+    rows = {r["name"]: r for r in describe(root)}
+    assert "error" in rows["evil"] and rows["manufacturing_kb"]["items"] == 40
+
+
+def test_lm_eval_gets_only_checked_templates(root):
+    eval_set = load_eval_set("kb2", root)
+    eval_set.task["description"] = "{{ cycler.__init__ }}"
+    with pytest.raises(EvalSetError, match="attribute access"):
+        task_config(eval_set, load_decoding())
+
+
+@pytest.mark.parametrize(
+    "old, new, field",
+    [
+        ("dataset_path: json", "dataset_path: evil/remote-dataset", "dataset_path"),
+        ("dataset_kwargs:\n", "dataset_kwargs:\n  trust_remote_code: true\n", "dataset_kwargs."),
+    ],
+)
+def test_dataset_loading_is_local_json_only(root, old, new, field):
+    edit(root / "kb2" / "task.yaml", old, new)
+    with pytest.raises(EvalSetError) as info:
+        load_eval_set("kb2", root)
+    assert info.value.field.startswith(field) and info.value.line is not None

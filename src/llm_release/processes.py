@@ -1,0 +1,86 @@
+"""Which running processes are the project's: a pid alone is not an identity.
+
+A pid recorded in the registry or a pid file can belong to an unrelated process once the
+recorded one exited and the kernel reused the number. A process is taken for the one
+recorded only when its start time matches the one recorded with it (or, for records
+without a start time, when its command line names what it must be); nothing else is
+signalled. ``under_home`` finds the project's servers by command line when the records
+are lost (a corrupt registry, a killed flow).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+# Start times come from /proc in clock ticks; the same process reads back the same value.
+START_TOLERANCE_S = 0.05
+VLLM_MARKER = "vllm.entrypoints.openai.api_server"
+
+
+def start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
+        return None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, ValueError):
+        return []
+
+
+def is_alive(pid: int) -> bool:
+    """Running and not a zombie (an exited child not yet reaped is not a server)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, ValueError):
+        return False
+
+
+def is_same(pid: int, started: float | None, *, cmdline_has: str | None = None) -> bool:
+    """``pid`` is alive and is the process recorded: same start time, or — for a record
+    without one — a command line containing ``cmdline_has``."""
+    if pid <= 0 or not is_alive(pid):
+        return False
+    if started is not None:
+        now = start_time(pid)
+        return now is not None and abs(now - started) <= START_TOLERANCE_S
+    if cmdline_has:
+        return any(cmdline_has in part for part in _cmdline(pid))
+    return False
+
+
+def started_before(pid: int, moment: float) -> bool:
+    """``pid`` is alive and started no later than ``moment`` (e.g. its pid file's mtime):
+    a reused pid belongs to a process that started after the file was written."""
+    started = start_time(pid)
+    return is_alive(pid) and started is not None and started <= moment + 1.0
+
+
+def under_home(home: Path) -> list[int]:
+    """Group leaders of this user's vLLM servers and HAProxy whose command line names a
+    path under ``home``: what the project started there, records or not."""
+    home_text = str(Path(home).resolve())
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        try:
+            cmdline = proc.info["cmdline"] or []
+            uids = proc.info["uids"]
+            if uids is None or uids.real != os.getuid() or proc.pid == os.getpid():
+                continue
+            text = " ".join(cmdline)
+            if home_text + "/" not in text:
+                continue
+            is_server = VLLM_MARKER in text or (
+                cmdline and Path(cmdline[0]).name == "haproxy" and "-f" in cmdline
+            )
+            if is_server and os.getpgid(proc.pid) == proc.pid:
+                found.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            continue
+    return sorted(found)
