@@ -1,34 +1,59 @@
-"""Scheduled model update: release only when the upstream revision moved."""
+"""Scheduled model update: judge a commit once; release only when upstream moved to a
+commit not yet judged under the same config and eval sets."""
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
+from typing import Literal
 
-from flows.release import release
-from llm_release import registry
-from llm_release.config import SourceConfig
-from llm_release.demo_model import DEMO_REPO_ID
+from prefect import flow, get_run_logger
+from pydantic import BaseModel
+
+from flows.release import ReleaseOutcome, hub_access, release
+from llm_release import decisions, registry
+from llm_release.config import ReleaseConfig
+from llm_release.promote import pid_alive
 from tasks.acquire import resolve_revision
 
 
+class UpdateOutcome(BaseModel):
+    status: Literal["up-to-date", "already-judged", "canary-live", "judged"]
+    commit: str
+    detail: str
+    release: ReleaseOutcome | None = None
+
+
 @flow(name="model-update")
-def model_update(
-    repo_id: str = DEMO_REPO_ID,
-    revision: str = "main",
-    hub_endpoint: str | None = None,
-    release_parameters: dict | None = None,
-) -> dict:
-    """Resolve the upstream revision; when it differs from the stable release, run a release."""
+def model_update(config: ReleaseConfig) -> UpdateOutcome:
+    """Resolve the upstream revision; release it when it is new to this service."""
     logger = get_run_logger()
-    source = SourceConfig(repo_id=repo_id, revision=revision, endpoint=hub_endpoint)
-    commit = resolve_revision(source)
+    source, token = hub_access(config.source)
+    commit = resolve_revision(source, token)
     state = registry.load()
-    released = {r.commit for r in (state.stable, state.canary) if r and r.repo_id == repo_id}
-    if commit in released:
-        logger.info("%s@%s is %s: already released, nothing to do", repo_id, revision, commit[:12])
-        return {"status": "up-to-date", "commit": commit}
-    logger.info("%s@%s moved to %s: releasing", repo_id, revision, commit[:12])
-    outcome = release(
-        repo_id=repo_id, revision=commit, hub_endpoint=hub_endpoint, **(release_parameters or {})
+    repo = config.source.repo_id
+
+    def done(status: str, detail: str) -> UpdateOutcome:
+        logger.info("%s@%s → %s: %s", repo, config.source.revision, commit[:12], detail)
+        return UpdateOutcome(status=status, commit=commit, detail=detail)
+
+    if state.canary is not None and pid_alive(state.canary.pid):
+        return done(
+            "canary-live",
+            f"a canary is live ({state.canary.release_id} at {state.canary_weight}%): "
+            "promote or roll it back first; nothing to do until then",
+        )
+    if any(r and r.repo_id == repo and r.commit == commit for r in (state.stable, state.canary)):
+        return done("up-to-date", "already released")
+    if not config.force:
+        judged = decisions.find(config, commit)
+        if judged is not None:
+            return done(
+                "already-judged",
+                f"judged on {judged.at} in run {judged.run_id} with this config and these eval "
+                f"sets: {judged.verdict} — {judged.summary} (set force: true to judge again)",
+            )
+    logger.info("%s@%s moved to %s: releasing", repo, config.source.revision, commit[:12])
+    pinned = config.model_copy(
+        update={"source": config.source.model_copy(update={"revision": commit})}
     )
-    return {"status": "released", "commit": commit, **outcome}
+    outcome = release(pinned)
+    return UpdateOutcome(status="judged", commit=commit, detail=outcome.summary, release=outcome)

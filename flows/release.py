@@ -1,4 +1,5 @@
-"""The release flow: acquire → quantize → measure every candidate → select → promote → report."""
+"""The release flow: acquire → probe the host → quantize → measure the champion and every
+challenger → select (a human reviews what a gate could not decide) → promote → report."""
 
 from __future__ import annotations
 
@@ -11,214 +12,174 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.exceptions import ParameterTypeError
 from prefect.runtime import flow_run
-from pydantic import ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from blocks.hub import HubCredentials
-from llm_release import paths, registry
-from llm_release.config import (
-    BASELINE,
-    CandidateConfig,
-    EvalConfig,
-    Gates,
-    LoadProfile,
-    ReleaseConfig,
-    ServingConfig,
-    SourceConfig,
-)
+from flows.review import ask_reviewer
+from llm_release import decisions, paths
+from llm_release.config import ReleaseConfig, SourceConfig
+from llm_release.contenders import plan_contenders
 from llm_release.demo_model import DEMO_REPO_ID
 from llm_release.errors import ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
 from llm_release.preflight import check
-from llm_release.promote import DeployTarget, default_router_port
-from llm_release.quantize import Quantized
+from llm_release.promote import DeployTarget
 from llm_release.report import render_markdown
-from llm_release.results import CandidateResult
 from tasks.acquire import acquire_model
-from tasks.candidate import measure_candidate
+from tasks.candidate import measure_contender
 from tasks.decide import select_winner
 from tasks.probe import probe_host
 from tasks.promote import promote_release
-from tasks.quantize import quantize_candidate
+from tasks.quantize import build_contender
 from tasks.report import publish_report
 
-DEFAULT_CANDIDATES = ReleaseConfig.model_fields["candidates"].default_factory()
+
+class ReleaseOutcome(BaseModel):
+    run_id: str
+    run_dir: str
+    report: str
+    commit: str
+    winner: str | None
+    stable: str | None
+    summary: str
+    verdict: str
+    deployment: dict[str, str | None]
+    stage_seconds: dict[str, float]
+    host: str
+    skipped: dict[str, str | None]
+
+
+def hub_access(source: SourceConfig) -> tuple[SourceConfig, SecretStr | None]:
+    """Endpoint and token from a saved block go to the acquire stage, never the environment."""
+    if not source.credentials_block:
+        return source, None
+    hub = HubCredentials.load(source.credentials_block)
+    return source.model_copy(update={"endpoint": source.endpoint or hub.endpoint}), hub.token
 
 
 @flow(name="release")
-def release(
-    repo_id: str = DEMO_REPO_ID,
-    revision: str = "main",
-    hub_endpoint: str | None = None,
-    candidates: list[CandidateConfig] = DEFAULT_CANDIDATES,  # noqa: B006 - Prefect form default
-    serving: ServingConfig = ServingConfig(),  # noqa: B008
-    evaluation: EvalConfig = EvalConfig(),  # noqa: B008
-    load: LoadProfile = LoadProfile(),  # noqa: B008
-    gates: Gates = Gates(),  # noqa: B008
-    canary_weight: int = 5,
-    router_port: int | None = None,
-    hub_credentials_block: str | None = None,
-) -> dict:
-    """Release a model: every candidate is measured, the winner goes out as a canary.
-
-    ``hub_credentials_block`` names a saved ``HubCredentials`` block (endpoint + token) for
-    gated repos or a mirror; the token never enters parameters, logs or the report.
-    """
+def release(config: ReleaseConfig) -> ReleaseOutcome:
+    """Release a model: the champion and every challenger are measured alike; the winner
+    goes out as a canary."""
     logger = get_run_logger()
-    token = None
-    if hub_credentials_block:
-        # Endpoint and token go to the acquire stage itself, never into the environment.
-        hub = HubCredentials.load(hub_credentials_block)
-        hub_endpoint, token = hub_endpoint or hub.endpoint, hub.token
-    config = ReleaseConfig(
-        source=SourceConfig(repo_id=repo_id, revision=revision, endpoint=hub_endpoint),
-        candidates=candidates,
-        serving=serving,
-        evaluation=evaluation,
-        load=load,
-        gates=gates,
-        canary_weight=canary_weight,
-    )
-    router_port = router_port or default_router_port()
-    check(config, router_port)
+    champion, service_name = check(config)
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{(flow_run.get_id() or 'local')[:8]}"
     run_dir = paths.runs_dir() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
 
+    def timed(stage: str, started: float) -> None:
+        seconds[stage] = round(time.monotonic() - started, 1)
+
     mark = time.monotonic()
-    acquired = acquire_model(config.source, token)
-    seconds["acquire"] = time.monotonic() - mark
+    acquired = acquire_model(*hub_access(config.source))
+    timed("acquire", mark)
 
     mark = time.monotonic()
     host = probe_host(acquired.model_dir, config.candidates, config.serving)
-    serving = config.serving.model_copy(update={"dtype": host.served_dtype})
-    seconds["probe"] = time.monotonic() - mark
+    timed("probe", mark)
 
-    results: list[CandidateResult] = []
-    buildable = []
-    for c in config.candidates:
-        reason = host.skip_reason(c.name)
-        if reason:
-            results.append(
-                CandidateResult(name=c.name, scheme=c.scheme, status="skipped", error=reason)
-            )
-        else:
-            buildable.append(c)
     mark = time.monotonic()
-    built: dict[str, Quantized | str] = {
-        c.name: quantize_candidate(acquired.model_dir, c) for c in buildable
-    }
-    seconds["quantize"] = time.monotonic() - mark
+    plan = plan_contenders(config, acquired.model_dir, acquired.commit, host, champion)
+    plan = [build_contender(c, acquired.model_dir) for c in plan]
+    timed("quantize", mark)
 
-    public_name = config.source.repo_id.split("/")[-1]
-    schemes = {BASELINE: f"unquantized ({serving.dtype})"} | {
-        c.name: c.scheme for c in config.candidates
-    }
-    serving_for = {BASELINE: serving} | {
-        c.name: serving.model_copy(update={"extra_args": serving.extra_args + c.extra_serving_args})
-        for c in config.candidates
-    }
-    dirs: dict[str, Path] = {BASELINE: acquired.model_dir}
-    for name, outcome in built.items():
-        if isinstance(outcome, Quantized):
-            dirs[name] = outcome.model_dir
-        else:
-            results.append(
-                CandidateResult(
-                    name=name,
-                    scheme=schemes[name],
-                    status="failed",
-                    error=f"quantization failed: {outcome}",
-                )
-            )
     mark = time.monotonic()
-    for name, model_dir in dirs.items():
-        results.append(
-            measure_candidate(
-                name,
-                schemes[name],
-                model_dir,
-                acquired.model_dir,
-                serving_for[name],
-                config.evaluation,
-                config.load,
-                run_dir / "candidates" / name,
-                public_name,
-            )
+    results = [
+        measure_contender(
+            c,
+            acquired.model_dir,
+            config.evaluation,
+            config.load,
+            host,
+            run_dir / "candidates" / c.name,
+            service_name,
+            run_id,
         )
-    seconds["measure"] = time.monotonic() - mark
-    order = [BASELINE] + [c.name for c in config.candidates]
-    results.sort(key=lambda r: order.index(r.name))
+        for c in plan
+    ]
+    timed("measure", mark)
 
     mark = time.monotonic()
-    current = registry.load()
-    first_release = current.stable is None
-    decision = select_winner(results, config.gates, BASELINE if first_release else None)
-    seconds["select"] = time.monotonic() - mark
+    decision = select_winner(results, config.gates)
+    decision = ask_reviewer(decision, results, config.review)
+    timed("select", mark)
 
     mark = time.monotonic()
+    by_name = {c.name: c for c in plan}
 
-    def target(name: str) -> DeployTarget:
+    def target(name: str | None) -> DeployTarget | None:
+        if name is None or name not in by_name or by_name[name].role == "champion":
+            return None
+        c = by_name[name]
         return DeployTarget(
-            candidate=name,
-            scheme=schemes[name],
-            model_dir=dirs[name],
+            candidate=c.name,
+            scheme=c.scheme,
+            model_dir=c.model_dir,
             repo_id=acquired.repo_id,
             commit=acquired.commit,
-            serving=serving_for[name],
+            serving=c.serving,
             run_dir=run_dir,
         )
 
-    baseline_ok = any(r.name == BASELINE and r.status == "measured" for r in results)
-    stable_target = target(BASELINE) if first_release and baseline_ok else None
-    deployment: dict = {}
-    if decision.winner or stable_target:
-        canary_target = target(decision.winner) if decision.winner else None
+    deployment: dict[str, str | None] = {}
+    stable_target, canary_target = target(decision.stable), target(decision.winner)
+    if stable_target or canary_target:
         state = promote_release(
-            stable_target, canary_target, public_name, config.canary_weight, router_port
+            stable_target, canary_target, service_name, config.canary_weight, config.router_port
         )
         deployment = {
             "load balancer": f"http://127.0.0.1:{state.router_port}",
             "stable": state.stable.release_id if state.stable else None,
             "canary": f"{state.canary.release_id} at {state.canary_weight}%"
             if state.canary
-            else "none",
+            else None,
         }
     else:
-        logger.warning("nothing deployed: no winner and no baseline to make stable")
-    seconds["promote"] = time.monotonic() - mark
+        logger.warning("nothing deployed: %s", decision.summary)
+    timed("promote", mark)
 
-    source = {"repo_id": acquired.repo_id, "revision": revision, "commit": acquired.commit}
+    verdict = "deployed" if deployment else ("review rejected" if decision.reviewed else "rejected")
+    decisions.record(config, acquired.commit, verdict, decision.summary, run_id)
+    source = {
+        "repo_id": acquired.repo_id,
+        "revision": config.source.revision,
+        "commit": acquired.commit,
+    }
     markdown = render_markdown(
         title=f"Release {run_id}: {acquired.repo_id}",
         source=source,
         host=host,
         results=results,
         decision=decision,
-        stage_seconds={k: round(v, 1) for k, v in seconds.items()},
+        stage_seconds=seconds,
         deployment=deployment,
     )
     payload = {
         "run_id": run_id,
         "source": source,
-        "config": config.model_dump(),
-        "host": host.model_dump(),
-        "results": [r.model_dump() for r in results],
-        "decision": decision.model_dump(),
+        "config": config.model_dump(mode="json"),
+        "host": host.model_dump(mode="json"),
+        "results": [r.model_dump(mode="json") for r in results],
+        "decision": decision.model_dump(mode="json"),
         "stage_seconds": seconds,
         "deployment": deployment,
     }
     files = publish_report(run_dir, markdown, payload, results, decision)
-    return {
-        "run_dir": str(run_dir),
-        "report": files["markdown"],
-        "winner": decision.winner,
-        "summary": decision.summary,
-        "deployment": deployment,
-        "stage_seconds": seconds,
-        "host": host.host.describe(),
-        "skipped": {r.name: r.error for r in results if r.status == "skipped"},
-    }
+    return ReleaseOutcome(
+        run_id=run_id,
+        run_dir=str(run_dir),
+        report=files["markdown"],
+        commit=acquired.commit,
+        winner=decision.winner,
+        stable=decision.stable,
+        summary=decision.summary,
+        verdict=verdict,
+        deployment=deployment,
+        stage_seconds=seconds,
+        host=host.host.describe(),
+        skipped={r.name: r.error for r in results if r.status == "skipped"},
+    )
 
 
 def main() -> None:
@@ -226,23 +187,23 @@ def main() -> None:
     parser.add_argument("--repo-id", default=DEMO_REPO_ID)
     parser.add_argument("--revision", default="main")
     parser.add_argument("--hub-endpoint", default=None)
-    parser.add_argument("--config", type=Path, help="JSON file with flow parameters")
+    parser.add_argument("--config", type=Path, help="JSON file: a ReleaseConfig (source optional)")
     parser.add_argument("--output", type=Path, help="write the flow's result (JSON) here")
     args = parser.parse_args()
-    params = json.loads(args.config.read_text()) if args.config else {}
-    params.setdefault("repo_id", args.repo_id)
-    params.setdefault("revision", args.revision)
-    if args.hub_endpoint:
-        params.setdefault("hub_endpoint", args.hub_endpoint)
     try:
-        result = release(**params)
-    except (ReleaseError, ValidationError, ParameterTypeError) as exc:
+        data = json.loads(args.config.read_text()) if args.config else {}
+        source = {"repo_id": args.repo_id, "revision": args.revision}
+        if args.hub_endpoint:
+            source["endpoint"] = args.hub_endpoint
+        data["source"] = source | data.get("source", {})
+        outcome = release(ReleaseConfig.model_validate(data))
+    except (ReleaseError, ValidationError, ParameterTypeError, ValueError, OSError) as exc:
         # Bad input ends in one line (Prefect's run log keeps the traceback).
         raise SystemExit(f"error: {one_line(exc)}") from None
-    outcome = json.dumps(result, indent=2, default=str)
+    text = outcome.model_dump_json(indent=2)
     if args.output:
-        atomic_write_text(args.output, outcome + "\n")
-    print(outcome)
+        atomic_write_text(args.output, text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,6 @@ def acquire_model(source: SourceConfig, token: SecretStr | None = None) -> Acqui
 
 
 @task(name="resolve-revision", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def resolve_revision(source: SourceConfig) -> str:
-    commit, _ = resolve(source)
+def resolve_revision(source: SourceConfig, token: SecretStr | None = None) -> str:
+    commit, _ = resolve(source, token=token.get_secret_value() if token else None)
     return commit

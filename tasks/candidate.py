@@ -5,38 +5,65 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from llm_release import measurements
 from llm_release.candidate import measure
-from llm_release.config import EvalConfig, LoadProfile, ServingConfig
+from llm_release.config import EvalConfig, LoadProfile
+from llm_release.contenders import Contender
+from llm_release.probe import ServingPlan
 from llm_release.results import CandidateResult
 
 
-@task(name="measure-candidate", cache_policy=NO_CACHE, task_run_name="measure-{name}")
-def measure_candidate(
-    name: str,
-    scheme: str,
-    model_dir: Path,
+@task(name="measure-candidate", cache_policy=NO_CACHE, task_run_name="measure-{contender.name}")
+def measure_contender(
+    contender: Contender,
     tokenizer_dir: Path,
-    serving: ServingConfig,
     evaluation: EvalConfig,
     load: LoadProfile,
+    host: ServingPlan,
     out_dir: Path,
     public_name: str,
+    run_id: str,
 ) -> CandidateResult:
-    """Serve, evaluate, load-test and tear down one candidate."""
+    """Serve, evaluate, load-test and tear down one contender; the champion's measurement
+    is reused when nothing it depends on changed (measurements.fingerprint)."""
+    logger = get_run_logger()
+    if contender.outcome is not None:
+        logger.warning(
+            "%s: %s — %s", contender.name, contender.outcome.status, contender.outcome.error
+        )
+        return contender.outcome
+    fingerprint = measurements.fingerprint(
+        contender.model_dir, contender.serving, evaluation, load, host
+    )
+    identity = {
+        "name": contender.name,
+        "role": contender.role,
+        "scheme": contender.scheme,
+        "release_id": contender.release_id,
+        "fingerprint": fingerprint,
+    }
+    if contender.role == "champion":
+        found = measurements.find(fingerprint)
+        if found is not None:
+            stored, from_run = found
+            logger.info(
+                "%s: measurement of run %s reused (nothing changed)", contender.name, from_run
+            )
+            return stored.model_copy(update=identity | {"reused_from": from_run})
     result = measure(
-        name=name,
-        scheme=scheme,
-        model_dir=model_dir,
+        name=contender.name,
+        scheme=contender.scheme,
+        model_dir=contender.model_dir,
         tokenizer_dir=tokenizer_dir,
-        serving=serving,
+        serving=contender.serving,
         evaluation=evaluation,
         load=load,
         out_dir=out_dir,
         public_name=public_name,
-    )
-    logger = get_run_logger()
+    ).model_copy(update=identity)
     if result.status == "measured":
-        logger.info("%s measured: %s", name, result.stage_seconds)
+        measurements.save(result, run_id)
+        logger.info("%s measured: %s", contender.name, result.stage_seconds)
     else:
-        logger.error("%s failed: %s", name, result.error)
+        logger.error("%s failed: %s", contender.name, result.error)
     return result

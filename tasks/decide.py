@@ -9,7 +9,7 @@ from llm_release.select import decide
 
 
 @task(name="select", cache_policy=NO_CACHE)
-def select_winner(results: list[CandidateResult], gates: Gates, stable: str | None) -> Decision:
-    decision = decide(results, gates, stable=stable)
+def select_winner(results: list[CandidateResult], gates: Gates) -> Decision:
+    decision = decide(results, gates)
     get_run_logger().info(decision.summary)
     return decision

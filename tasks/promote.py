@@ -13,7 +13,7 @@ def promote_release(
     canary_target: DeployTarget | None,
     public_name: str,
     canary_weight: int,
-    router_port: int,
+    router_port: int | None,
 ) -> RegistryState:
     state = deploy(
         stable_target,

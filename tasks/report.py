@@ -14,7 +14,7 @@ from llm_release.results import CandidateResult, Decision
 def publish_report(
     run_dir: Path, markdown: str, payload: dict, results: list[CandidateResult], decision: Decision
 ) -> dict[str, str]:
-    files = write_run_files(run_dir, markdown, payload)
+    files = write_run_files(run_dir, markdown, payload, results)
     create_table_artifact(
         key="release-candidates",
         table=candidate_rows(results, decision),

@@ -117,6 +117,12 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
                 f"ok   {name}: {summary['items']} items, metrics {', '.join(summary['metrics'])}"
                 f", tags {', '.join(summary['tags']) or '-'}"
             )
+            for gate in summary["resolution"]:
+                mark = "WARN" if gate["warning"] else "    "
+                print(
+                    f"  {mark} drop gate {gate['gate']}: margin {gate['margin']:.3f} on "
+                    f"{gate['items']} items; {gate['note']}"
+                )
         return 1 if failed else 0
     elif args.action == "list":
         rows = evalsets.describe(root)

@@ -42,6 +42,11 @@ class SourceConfig(StrictModel):
     )
     allow_patterns: list[str] | None = None
     local_path: str | None = Field(None, description="for hub=local: a local or mounted folder")
+    credentials_block: str | None = Field(
+        None,
+        description="name of a saved HubCredentials block (endpoint + token) for gated repos "
+        "or a mirror; the token never enters parameters, logs or the report",
+    )
 
     @model_validator(mode="after")
     def _local_needs_a_path(self) -> SourceConfig:
@@ -238,7 +243,20 @@ class Gates(StrictModel):
     max_error_rate: float = Field(0.01, ge=0, le=1)
 
 
+class ReviewConfig(StrictModel):
+    """A human decides when a gate is inconclusive and its set says ``review``."""
+
+    timeout_s: int = Field(3600, ge=1, description="no answer within this time rejects")
+    auto: Literal["approve", "reject"] | None = Field(
+        None,
+        description="answer without asking (for unattended demos and tests); the report and "
+        "the run's log say the answer was automatic",
+    )
+
+
 class ReleaseConfig(StrictModel):
+    """Everything a release needs: the Prefect UI renders it as the run form."""
+
     source: SourceConfig
     candidates: list[CandidateConfig] = Field(
         default_factory=lambda: [
@@ -251,6 +269,25 @@ class ReleaseConfig(StrictModel):
     load: LoadProfile = Field(default_factory=LoadProfile)
     gates: Gates = Field(default_factory=Gates)
     canary_weight: int = Field(5, ge=1, le=50, description="percent of traffic to the canary")
+    review: ReviewConfig = Field(default_factory=ReviewConfig)
+    router_port: int | None = Field(
+        None, ge=1024, le=65535, description="the service's load balancer (LLM_RELEASE_ROUTER_PORT)"
+    )
+    public_name: str | None = Field(
+        None,
+        description="the model name clients call; default: the repo's last path part",
+        pattern=r"^[A-Za-z0-9][\w.-]*$",
+    )
+    replaces_service: bool = Field(
+        False,
+        description="this release may replace the model of a service whose stable release "
+        "serves another repository or public name (its canary then also answers to the "
+        "service's public name)",
+    )
+    force: bool = Field(False, description="judge again a commit already judged with this config")
+
+    def served_name(self) -> str:
+        return self.public_name or self.source.repo_id.split("/")[-1]
 
     @model_validator(mode="after")
     def _safe_candidate_args(self) -> ReleaseConfig:
@@ -266,9 +303,13 @@ class ReleaseConfig(StrictModel):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"candidate names must be unique; repeated: {dupes}")
-        if BASELINE in names:
-            raise ValueError(f"'{BASELINE}' is reserved for the unquantized model")
+        if BASELINE in names or CHAMPION in names:
+            raise ValueError(
+                f"'{BASELINE}' (the unquantized model) and '{CHAMPION}' (the release serving "
+                "users now) are reserved candidate names"
+            )
         return self
 
 
 BASELINE = "baseline"
+CHAMPION = "champion"

@@ -14,6 +14,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import jinja2
 import yaml
@@ -74,11 +75,19 @@ class SliceGate(MetricGate):
     metric: str
 
 
+InconclusivePolicy = Literal["block", "pass", "review"]
+
+
 class GateSpec(StrictModel):
     """Gates of one eval set, after project defaults were applied."""
 
     critical: bool = True
     confidence: float = Field(0.95, gt=0.5, lt=1)
+    on_inconclusive: InconclusivePolicy = Field(
+        "review",
+        description="what a drop gate whose interval straddles its margin does: block the "
+        "candidate, pass it, or ask a human (review) in the Prefect UI",
+    )
     metrics: dict[str, MetricGate] = Field(default_factory=dict)
     slices: list[SliceGate] = Field(default_factory=list)
 
@@ -86,6 +95,7 @@ class GateSpec(StrictModel):
 class Defaults(StrictModel):
     critical: bool = True
     confidence: float = Field(0.95, gt=0.5, lt=1)
+    on_inconclusive: InconclusivePolicy = "review"
     min_score: float = Field(0.0, ge=0, le=1)
     max_drop: float = Field(0.05, ge=0, le=1)
     bootstrap_iters: int = Field(2000, ge=100)
@@ -401,7 +411,12 @@ def _gate_spec(
 ) -> GateSpec:
     try:
         spec = GateSpec.model_validate(
-            {"critical": project.critical, "confidence": project.confidence} | raw
+            {
+                "critical": project.critical,
+                "confidence": project.confidence,
+                "on_inconclusive": project.on_inconclusive,
+            }
+            | raw
         )
     except ValidationError as exc:
         raise EvalSetError(path, line, "gates", _pydantic_message(exc)) from None
@@ -560,7 +575,49 @@ def validate(name: str, root: Path | None = None, calibration: list[str] | None 
         "tags": tags,
         "metrics": eval_set.metric_names,
         "critical": eval_set.gates.critical,
+        "resolution": resolution(eval_set, items),
     }
+
+
+def resolution(eval_set: EvalSet, items: list[dict]) -> list[dict]:
+    """For each drop gate: its margin, the items it is judged on, the smallest drop those
+    items can tell from none at the set's confidence, and a warning when the margin is
+    below it (a drop within the margin then comes out inconclusive)."""
+    from .stats import detectable_drop
+
+    spec = eval_set.gates
+    gates = [(f"{m}", g.max_drop, len(items)) for m, g in spec.metrics.items()]
+    gates += [
+        (f"[{s.tag}] {s.metric}", s.max_drop, sum(s.tag in i.get("tags", []) for i in items))
+        for s in spec.slices
+    ]
+    out = []
+    for gate, margin, n in gates:
+        if margin is None:
+            continue
+        smallest = detectable_drop(n, confidence=spec.confidence) if n else None
+        warning = None
+        if margin == 0:
+            note = "zero margin: fails on any item that goes from right to wrong"
+        elif smallest is None or smallest > margin + 1e-12:
+            warning = (
+                f"{n} items cannot resolve a {margin:.3f} margin (smallest drop they resolve: "
+                f"{smallest or 1:.3f}); grow the set or widen the margin"
+            )
+            note = warning
+        else:
+            note = f"resolves drops from {smallest:.3f}"
+        out.append(
+            {
+                "gate": gate,
+                "margin": margin,
+                "items": n,
+                "detectable_drop": smallest,
+                "warning": warning,
+                "note": note,
+            }
+        )
+    return out
 
 
 def scaffold(name: str, root: Path | None = None) -> Path:

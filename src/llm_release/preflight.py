@@ -10,12 +10,16 @@ from .config import ReleaseConfig
 from .errors import ConfigError, RouterError, ServeError
 from .evalsets import calibration_texts, validate
 from .evaluate import load_decoding
-from .promote import ensure_no_canary, router_for
+from .promote import default_router_port, ensure_no_canary, router_for
 from .quantize import load_calibration_texts
-from .registry import load
+from .registry import Release, load
 
 
-def check(config: ReleaseConfig, router_port: int) -> None:
+def check(config: ReleaseConfig) -> tuple[Release | None, str]:
+    """Everything that can be checked before any work. Returns the release serving users
+    now (the champion, when there is one) and the model name the service answers to."""
+    router_port = config.router_port or default_router_port()
+    champion, service_name = check_service(config)
     load_decoding()
     calibration = calibration_texts()
     for name in config.evaluation.eval_sets:
@@ -46,3 +50,24 @@ def check(config: ReleaseConfig, router_port: int) -> None:
                     f"the load-balancer port {router_port} is taken by another program",
                     hint="free it or pass a different router_port",
                 ) from exc
+    return champion, service_name
+
+
+def check_service(config: ReleaseConfig) -> tuple[Release | None, str]:
+    """One service, one model name: a release of another repository or public name into a
+    load balancer whose stable release serves a different one is refused, unless the config
+    says it replaces that service's model (then the canary also answers to the service's
+    name, so its clients never reach a server that does not serve it)."""
+    stable = load().stable
+    name = config.served_name()
+    if stable is None:
+        return None, name
+    same = stable.repo_id == config.source.repo_id and stable.public_name == name
+    if not same and not config.replaces_service:
+        raise ConfigError(
+            f"the service behind this load balancer serves {stable.public_name!r} "
+            f"({stable.repo_id}); this release is {name!r} ({config.source.repo_id})",
+            hint="release it into another service (another LLM_RELEASE_HOME and router_port), "
+            "or set replaces_service: true to replace this service's model",
+        )
+    return stable, stable.public_name

@@ -8,7 +8,7 @@ from pathlib import Path
 from .config import BASELINE
 from .fileio import atomic_write_text
 from .probe import ServingPlan
-from .results import CandidateResult, Decision, EvalResult
+from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
 from .select import paired
 from .stats import bootstrap_mean_ci
 
@@ -29,12 +29,28 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
         )
         worst_ttft = max((lv.ttft_p95_ms for lv in r.load.levels), default=None) if r.load else None
         scores = {f"{ev.eval_set}/{m}": s.value for ev in r.evals for m, s in ev.metrics.items()}
+        if r.status == "skipped":
+            label = "skipped"
+        elif decision.winner == r.name:
+            label = "WINNER"
+        elif decision.stable == r.name:
+            label = "stable" if r.role != "champion" else "champion (serving)"
+        elif decision.review == r.name:
+            label = "rejected by review" if decision.reviewed else "awaits review"
+        elif verdict and verdict.eligible:
+            label = "pass"
+        elif verdict and verdict.needs_review:
+            label = "inconclusive"
+        else:
+            label = "fail"
         rows.append(
             {
+                "verdict": label,
                 "candidate": r.name,
+                "role": r.role,
                 "scheme": r.scheme,
                 "size_MB": round(r.size_bytes / 1e6, 1) if r.size_bytes else None,
-                "status": r.status,
+                "status": r.status + (" (reused)" if r.reused_from else ""),
                 **{k: round(v, 4) for k, v in scores.items()},
                 "ttft_p95_ms_worst": round(worst_ttft, 1) if worst_ttft is not None else None,
                 "itl_p50_ms_top": round(top.itl_p50_ms, 1) if top else None,
@@ -42,16 +58,6 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
                 "error_rate_worst": max((lv.error_rate for lv in r.load.levels), default=None)
                 if r.load
                 else None,
-                "eligible": bool(verdict and verdict.eligible),
-                "verdict": "skipped"
-                if r.status == "skipped"
-                else "WINNER"
-                if decision.winner == r.name
-                else (
-                    "stable"
-                    if decision.stable == r.name
-                    else ("pass" if verdict and verdict.eligible else "fail")
-                ),
             }
         )
     return rows
@@ -82,6 +88,110 @@ def host_section(host: ServingPlan) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def _interval(gate: GateVerdict) -> str:
+    if gate.ci_low is None or gate.ci_high is None:
+        return "—"
+    return f"[{gate.ci_low:+.3f}, {gate.ci_high:+.3f}]"
+
+
+def gate_rows(verdict: CandidateVerdict) -> list[str]:
+    lines = [
+        "| gate | outcome | compared with | value | interval | threshold | items | "
+        "detectable drop | detail |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for gate in verdict.gates:
+        outcome = gate.outcome.upper() if gate.outcome != "pass" else "pass"
+        if gate.outcome == "inconclusive" and gate.policy:
+            outcome += f" → {gate.policy}"
+        if not gate.blocking:
+            outcome += " (reported only)"
+        cells = [
+            gate.gate,
+            outcome,
+            gate.reference or "—",
+            _fmt(gate.value, ".4g"),
+            _interval(gate),
+            _fmt(gate.threshold, ".4g"),
+            _fmt(gate.items, "d"),
+            _fmt(gate.detectable_drop, ".3f"),
+            gate.detail + (f" ⚠ {gate.warning}" if gate.warning else ""),
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines
+
+
+def gates_section(decision: Decision, results: list[CandidateResult]) -> list[str]:
+    lines = ["## Gates", ""]
+    if decision.reviewed:
+        lines += [f"**Review of {decision.review}:** {decision.reviewed}", ""]
+    reused = [r for r in results if r.reused_from]
+    for r in reused:
+        lines += [
+            f"*{r.name}: measurement reused from run {r.reused_from} (artifact, eval sets, "
+            "decoding, settings, libraries and host unchanged).*",
+            "",
+        ]
+    for verdict in decision.verdicts:
+        if verdict.role == "champion":
+            mark = "the release serving users now (reference)"
+        elif verdict.eligible:
+            mark = "eligible"
+        elif verdict.needs_review:
+            mark = "needs review"
+        else:
+            mark = "NOT eligible"
+        lines += [f"### {verdict.name} — {mark}", "", *gate_rows(verdict), ""]
+    return lines
+
+
+def review_evidence(decision: Decision, results: list[CandidateResult]) -> str:
+    """What a reviewer sees in the Prefect UI before approving or rejecting."""
+    verdict = next(v for v in decision.verdicts if v.name == decision.review)
+    result = next(r for r in results if r.name == decision.review)
+    unsure = [g for g in verdict.gates if g.outcome == "inconclusive"]
+    lines = [
+        f"## Review: {verdict.name} ({result.scheme})",
+        "",
+        f"No gate failed, but {len(unsure)} could not decide: the interval of the drop "
+        "straddles the margin. Approve to send it out as the canary; reject to deploy nothing.",
+        "",
+        *gate_rows(verdict),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def items_table(results: list[CandidateResult]):
+    """Every item's score per metric, every contender side by side (a pandas DataFrame)."""
+    import pandas as pd
+
+    rows = [
+        {
+            "eval_set": ev.eval_set,
+            "item": item.id,
+            "tags": ",".join(item.tags),
+            "metric": metric,
+            "candidate": r.name,
+            "score": score,
+            "answer": item.answer,
+        }
+        for r in results
+        for ev in r.evals
+        for item in ev.items
+        for metric, score in item.scores.items()
+    ]
+    if not rows:
+        return pd.DataFrame()
+    long = pd.DataFrame(rows)
+    index = ["eval_set", "item", "tags", "metric"]
+    wide = long.pivot_table(index=index, columns="candidate", values="score", aggfunc="first")
+    answers = long.pivot_table(index=index, columns="candidate", values="answer", aggfunc="first")
+    answers.columns = [f"answer:{c}" for c in answers.columns]
+    order = [r.name for r in results if r.name in wide.columns]
+    return wide[order].join(answers).reset_index()
 
 
 def render_markdown(
@@ -116,22 +226,7 @@ def render_markdown(
             lines.append("| " + " | ".join(str(row.get(h, "—")) for h in headers) + " |")
         lines.append("")
     lines += quality_section(results)
-    lines += ["## Gates", ""]
-    for verdict in decision.verdicts:
-        mark = "eligible" if verdict.eligible else "NOT eligible"
-        lines += [
-            f"### {verdict.name} — {mark}",
-            "",
-            "| gate | verdict | value | threshold | detail |",
-            "|---|---|---|---|---|",
-        ]
-        for gate in verdict.gates:
-            lines.append(
-                f"| {gate.gate} | {'pass' if gate.passed else 'FAIL'} | "
-                f"{_fmt(gate.value, '.4g')} | {_fmt(gate.threshold, '.4g')} | "
-                f"{gate.detail.replace('|', '/')} |"
-            )
-        lines.append("")
+    lines += gates_section(decision, results)
     lines += [
         "## Load test (per concurrency level)",
         "",
@@ -167,12 +262,21 @@ def render_markdown(
     return "\n".join(lines)
 
 
-def write_run_files(run_dir: Path, markdown: str, payload: dict) -> dict[str, str]:
+def write_run_files(
+    run_dir: Path, markdown: str, payload: dict, results: list[CandidateResult] | None = None
+) -> dict[str, str]:
     report_md = run_dir / "report.md"
     report_json = run_dir / "report.json"
     atomic_write_text(report_md, markdown)
     atomic_write_text(report_json, json.dumps(payload, indent=2, default=str) + "\n")
-    return {"markdown": str(report_md), "json": str(report_json)}
+    files = {"markdown": str(report_md), "json": str(report_json)}
+    if results:
+        # Per-item scores and answers of every contender side by side, for data scientists.
+        table = items_table(results)
+        if not table.empty:
+            atomic_write_text(run_dir / "items.csv", table.to_csv(index=False))
+            files["items"] = str(run_dir / "items.csv")
+    return files
 
 
 def _slice_score(ev: EvalResult, metric: str, tag: str | None, confidence: float) -> str:

@@ -66,6 +66,16 @@ class LoadResult(Record):
 class CandidateResult(Record):
     name: str
     scheme: str
+    role: Literal["champion", "baseline", "quantized"] = Field(
+        "quantized",
+        description="champion: the release serving users now; baseline: the new commit's "
+        "unquantized model; quantized: built from the baseline",
+    )
+    release_id: str | None = Field(None, description="the champion's release id")
+    fingerprint: str | None = Field(
+        None, description="what the measurement depends on; equal fingerprints are comparable"
+    )
+    reused_from: str | None = Field(None, description="run id whose measurement was reused")
     model_dir: str | None = None
     size_bytes: int | None = None
     status: Literal["measured", "failed", "skipped"]
@@ -75,15 +85,29 @@ class CandidateResult(Record):
     load: LoadResult | None = None
 
 
+Outcome = Literal["pass", "fail", "inconclusive"]
+
+
 class GateVerdict(Record):
     gate: str
-    passed: bool
+    outcome: Outcome
+    passed: bool = Field(
+        description="the outcome counts as a pass: 'pass', or 'inconclusive' under the "
+        "set's on_inconclusive: pass"
+    )
     value: float | None
     threshold: float | None
     detail: str
     blocking: bool = True
     ci_low: float | None = None
     ci_high: float | None = None
+    reference: str | None = Field(None, description="what a drop was measured against")
+    items: int | None = Field(None, description="items the comparison was made on")
+    detectable_drop: float | None = Field(
+        None, description="smallest drop these items can tell from none (stats.detectable_drop)"
+    )
+    policy: Literal["block", "pass", "review"] | None = None
+    warning: str | None = None
     flipped_worse: list[str] = Field(default_factory=list)
     flipped_better: list[str] = Field(default_factory=list)
 
@@ -93,11 +117,21 @@ class CandidateVerdict(Record):
     eligible: bool
     gates: list[GateVerdict]
     rank_key: float | None = None
+    needs_review: bool = Field(
+        False, description="no gate failed, but a gate was inconclusive under 'review'"
+    )
+    role: str = "quantized"
 
 
 class Decision(Record):
-    winner: str | None
-    stable: str | None
+    winner: str | None = Field(description="the challenger that goes out as the canary")
+    stable: str | None = Field(
+        description="the champion's name, or on a first release the candidate made stable"
+    )
     rule: str
     verdicts: list[CandidateVerdict]
     summary: str
+    review: str | None = Field(
+        None, description="the candidate a human must approve before it can go out"
+    )
+    reviewed: str | None = Field(None, description="the reviewer's verdict and comment")

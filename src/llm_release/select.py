@@ -1,31 +1,53 @@
-"""Gates and the winner rule. A candidate failing any blocking gate is never eligible.
+"""Gates and the winner rule: champion and challengers, gates with three outcomes.
+
+The champion is the release serving users now, measured in the same run on the same items,
+decoding and load profile as every challenger (or its measurement reused when nothing it
+depends on changed). The challengers are the new commit's unquantized model (``baseline``)
+and the candidates quantized from it. Every challenger is judged against the champion;
+a quantized candidate is also judged against its own unquantized model, so the cost of
+quantizing is reported apart from the cost of the upstream change.
 
 Quality gates come from each eval set (``gates:`` in its task.yaml, with project defaults
-from eval_sets/defaults.yaml): a minimum absolute score, and a maximum drop versus the
-baseline judged on the same items with a paired bootstrap interval — a candidate fails
-only when the whole interval of the drop lies beyond the margin, so a small-sample wobble
-passes and a real regression does not. Gates of a non-critical set are reported but do
-not block; a slice gate (items with a tag) always blocks.
+from eval_sets/defaults.yaml). A drop gate compares the same items, paired, with a
+bootstrap interval of the drop, and has three outcomes:
+
+- ``fail``: the point estimate of the drop is beyond the margin (a zero margin fails on
+  any item that went from right to wrong);
+- ``pass``: the whole interval lies within the margin;
+- ``inconclusive``: the interval straddles the margin — the set is too small, or the
+  candidate too close to the margin, to tell. The set's ``on_inconclusive`` decides:
+  ``block``, ``pass``, or ``review`` (a human approves or rejects in the Prefect UI).
+
+Absolute gates (``min_score``, the TTFT SLO, the error ceiling) apply to every challenger,
+the new commit's unquantized model included. Gates of a non-critical set are reported but
+do not block; a slice gate always blocks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import BASELINE, Gates
+from .config import BASELINE, CHAMPION, Gates
 from .evalsets import GateSpec
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
-from .stats import paired_drop_ci
+from .stats import detectable_drop, paired_drop_ci
 
 RULE = (
-    "Every blocking gate must pass: the candidate was served and measured; for each eval "
-    "set and metric the score is at least min_score and the drop versus the baseline, on "
-    "the same items, is not beyond max_drop with the set's confidence (paired bootstrap); "
-    "the same for every gated slice; TTFT p95 is under the SLO and the error rate under "
-    "the ceiling at every load level. Among eligible candidates other than the current "
-    "stable release, the winner has the highest output tokens/s at the highest measured "
-    "concurrency; ties go to the smaller model on disk."
+    "A challenger is eligible when every blocking gate passes: it was served and measured; "
+    "for each eval set and metric its score is at least min_score; its drop versus the "
+    "champion (the release serving users now) and, for a quantized candidate, versus its own "
+    "unquantized model, on the same items, passes — the paired bootstrap interval of the "
+    "drop lies within max_drop (a point estimate beyond max_drop fails; an interval that "
+    "straddles it is inconclusive and follows the set's on_inconclusive: block, pass, or "
+    "review by a human); the same for every gated slice (a zero margin fails on any item "
+    "that went from right to wrong); TTFT p95 is under the SLO and the error rate under the "
+    "ceiling at every load level. The winner is the eligible challenger with the highest "
+    "output tokens/s at the highest measured concurrency; ties go to the smaller model on "
+    "disk. When no challenger is eligible, the best one awaiting review goes to a human. "
+    "On a first release (no champion) the new commit's unquantized model becomes stable "
+    "only if it passes its own absolute gates."
 )
+EPS = 1e-12
 
 
 @dataclass
@@ -64,23 +86,40 @@ def paired(
     )
 
 
+def drop_outcome(p: Paired, margin: float) -> str:
+    """fail: the point estimate is beyond the margin, or a zero margin saw any flip to
+    worse; pass: the whole interval lies within the margin; else inconclusive."""
+    if margin <= EPS:
+        return "fail" if p.worse else "pass"
+    if p.drop > margin + EPS:
+        return "fail"
+    if p.ci_high <= margin + EPS:
+        return "pass"
+    return "inconclusive"
+
+
 def _first_line(text: str | None) -> str:
     return (text or "unknown error").splitlines()[0]
 
 
+def _gate(name: str, outcome: str, **fields) -> GateVerdict:
+    policy = fields.get("policy")
+    passed = outcome == "pass" or (outcome == "inconclusive" and policy == "pass")
+    return GateVerdict(gate=name, outcome=outcome, passed=passed, **fields)
+
+
 def judge(
     result: CandidateResult,
-    baseline: CandidateResult | None,
+    references: list[tuple[str, CandidateResult]],
     gates: Gates,
-    *,
-    is_baseline: bool = False,
 ) -> CandidateVerdict:
+    """``references`` are (label, result) pairs the drops are measured against."""
     verdicts: list[GateVerdict] = []
     served = result.status == "measured"
     verdicts.append(
-        GateVerdict(
-            gate="served",
-            passed=served,
+        _gate(
+            "served",
+            "pass" if served else "fail",
             value=None,
             threshold=None,
             detail="served and measured"
@@ -89,79 +128,95 @@ def judge(
         )
     )
     if served:
-        verdicts += _quality_gates(result, None if is_baseline else baseline)
+        verdicts += _score_gates(result)
+        for label, reference in references:
+            verdicts += _drop_gates(result, label, reference)
         verdicts += _load_gates(result, gates)
-    eligible = all(v.passed for v in verdicts if v.blocking)
+    blocking = [v for v in verdicts if v.blocking]
+    failed = any(not v.passed and v.outcome != "inconclusive" for v in blocking) or any(
+        v.outcome == "inconclusive" and v.policy == "block" for v in blocking
+    )
+    review = any(v.outcome == "inconclusive" and v.policy == "review" for v in blocking)
     rank_key = None
     if served and result.load and result.load.levels:
         rank_key = max(result.load.levels, key=lambda lv: lv.concurrency).output_tokens_per_s
-    return CandidateVerdict(name=result.name, eligible=eligible, gates=verdicts, rank_key=rank_key)
+    return CandidateVerdict(
+        name=result.name,
+        role=result.role,
+        eligible=not failed and not review,
+        needs_review=not failed and review,
+        gates=verdicts,
+        rank_key=rank_key,
+    )
 
 
-def _quality_gates(result: CandidateResult, baseline: CandidateResult | None) -> list[GateVerdict]:
-    """Gates of every eval set; ``baseline`` None means this is the reference itself."""
+def _spec(ev: EvalResult) -> GateSpec:
+    return GateSpec.model_validate(ev.gates) if ev.gates else GateSpec()
+
+
+def _score_gates(result: CandidateResult) -> list[GateVerdict]:
+    """Absolute gates: the minimum score of every set, for every challenger."""
     if not result.evals:
+        return [_gate("quality", "fail", value=None, threshold=None, detail="no eval scores")]
+    out = []
+    for ev in result.evals:
+        spec = _spec(ev)
+        for metric, gate in spec.metrics.items():
+            if gate.min_score is None:
+                continue
+            score = ev.metrics[metric]
+            out.append(
+                _gate(
+                    f"{ev.eval_set}/{metric}:min_score",
+                    "pass" if score.value >= gate.min_score - EPS else "fail",
+                    blocking=spec.critical,
+                    value=round(score.value, 4),
+                    threshold=gate.min_score,
+                    ci_low=score.ci_low,
+                    ci_high=score.ci_high,
+                    items=ev.num_items,
+                    detail=f"score {score.value:.3f} [{score.ci_low or 0:.3f}, "
+                    f"{score.ci_high or 0:.3f}] (minimum {gate.min_score:.3f})",
+                )
+            )
+    return out
+
+
+def _drop_gates(
+    result: CandidateResult, label: str, reference: CandidateResult
+) -> list[GateVerdict]:
+    if reference.status != "measured":
         return [
-            GateVerdict(
-                gate="quality",
-                passed=False,
+            _gate(
+                f"quality vs {label}",
+                "fail",
                 value=None,
                 threshold=None,
-                detail="no eval scores were recorded",
+                reference=label,
+                detail=f"{label} was not measured, so no drop can be computed",
             )
         ]
-    out: list[GateVerdict] = []
-    reference = {e.eval_set: e for e in baseline.evals} if baseline else {}
-    if baseline is not None and baseline.status != "measured":
-        out.append(
-            GateVerdict(
-                gate="quality",
-                passed=False,
-                value=None,
-                threshold=None,
-                detail="the baseline was not measured, so no drop can be computed",
-            )
-        )
+    by_set = {e.eval_set: e for e in reference.evals}
+    out = []
     for ev in result.evals:
-        spec = GateSpec.model_validate(ev.gates) if ev.gates else GateSpec()
+        spec = _spec(ev)
+        base = by_set.get(ev.eval_set)
         for metric, gate in spec.metrics.items():
-            score = ev.metrics[metric]
-            if gate.min_score is not None:
-                out.append(
-                    GateVerdict(
-                        gate=f"{ev.eval_set}/{metric}:min_score",
-                        blocking=spec.critical,
-                        passed=score.value >= gate.min_score,
-                        value=round(score.value, 4),
-                        threshold=gate.min_score,
-                        ci_low=score.ci_low,
-                        ci_high=score.ci_high,
-                        detail=f"score {score.value:.3f} [{score.ci_low or 0:.3f}, "
-                        f"{score.ci_high or 0:.3f}] (minimum {gate.min_score:.3f})",
-                    )
-                )
-            if baseline is None or baseline.status != "measured" or gate.max_drop is None:
+            if gate.max_drop is None:
                 continue
+            higher = ev.metrics[metric].higher_is_better
             out.append(
                 _drop_verdict(
-                    ev,
-                    reference.get(ev.eval_set),
-                    metric,
-                    gate.max_drop,
-                    spec,
-                    None,
-                    score.higher_is_better,
-                    spec.critical,
+                    ev, base, label, metric, gate.max_drop, spec, None, higher, spec.critical
                 )
             )
         for slice_gate in spec.slices:
-            if baseline is None or baseline.status != "measured":
-                continue
             higher = ev.metrics[slice_gate.metric].higher_is_better
             out.append(
                 _drop_verdict(
                     ev,
-                    reference.get(ev.eval_set),
+                    base,
+                    label,
                     slice_gate.metric,
                     slice_gate.max_drop,
                     spec,
@@ -177,6 +232,7 @@ def _quality_gates(result: CandidateResult, baseline: CandidateResult | None) ->
 def _drop_verdict(
     ev: EvalResult,
     base: EvalResult | None,
+    label: str,
     metric: str,
     max_drop: float,
     spec: GateSpec,
@@ -187,69 +243,85 @@ def _drop_verdict(
     min_score: float | None = None,
 ) -> GateVerdict:
     where = f"{ev.eval_set}[{tag}]" if tag else ev.eval_set
-    name = f"{where}/{metric}:drop"
-
-    def cannot_compare(why: str) -> GateVerdict:
-        return GateVerdict(
-            gate=name, passed=False, value=None, threshold=max_drop, blocking=blocking, detail=why
-        )
-
+    name = f"{where}/{metric}:drop vs {label}"
+    common = {
+        "threshold": max_drop,
+        "blocking": blocking,
+        "reference": label,
+        "policy": spec.on_inconclusive,
+    }
     if base is None:
-        return cannot_compare("the baseline has no result for this set")
+        return _gate(
+            name, "fail", value=None, detail=f"{label} has no result for this set", **common
+        )
+    if base.version != ev.version:
+        return _gate(
+            name,
+            "fail",
+            value=None,
+            detail=f"{label} was measured on version {base.version} of the set, this on {ev.version}",
+            **common,
+        )
     p = paired(
         base, ev, metric, confidence=spec.confidence, tag=tag, higher_is_better=higher_is_better
     )
     if p.n == 0:
-        return cannot_compare("no item in common with the baseline")
-    beyond = p.ci_low > max_drop + 1e-12
-    low_score = min_score is not None and p.cand_score < min_score
+        return _gate(name, "fail", value=None, detail=f"no item in common with {label}", **common)
+    outcome = drop_outcome(p, max_drop)
+    low_score = min_score is not None and p.cand_score < min_score - EPS
+    if low_score:
+        outcome = "fail"
+    resolvable = detectable_drop(p.n, confidence=spec.confidence)
+    warning = None
+    if max_drop > EPS and (resolvable is None or resolvable > max_drop + EPS):
+        warning = (
+            f"{p.n} items cannot resolve a {max_drop:.3f} margin at {spec.confidence:.0%}: the "
+            f"smallest drop they tell from noise is {resolvable or 1:.3f}; a drop within the margin "
+            f"will be inconclusive — grow the set (see README, 'How large a set must be')"
+        )
     detail = (
-        f"{p.cand_score:.3f} vs baseline {p.base_score:.3f} on {p.n} items: drop "
-        f"{p.drop:+.3f}, {spec.confidence:.0%} CI [{p.ci_low:+.3f}, {p.ci_high:+.3f}] "
-        f"(margin {max_drop:.3f}); {len(p.worse)} items got worse, {len(p.better)} better"
+        f"{p.cand_score:.3f} vs {label} {p.base_score:.3f} on {p.n} items: drop {p.drop:+.3f}, "
+        f"{spec.confidence:.0%} CI [{p.ci_low:+.3f}, {p.ci_high:+.3f}] (margin {max_drop:.3f}); "
+        f"{len(p.worse)} items got worse, {len(p.better)} better"
     )
     if low_score:
         detail += f"; slice score below {min_score:.3f}"
-    return GateVerdict(
-        gate=name,
-        passed=not beyond and not low_score,
+    return _gate(
+        name,
+        outcome,
         value=round(p.drop, 4),
-        threshold=max_drop,
-        blocking=blocking,
         ci_low=round(p.ci_low, 4),
         ci_high=round(p.ci_high, 4),
+        items=p.n,
+        detectable_drop=round(resolvable, 4) if resolvable is not None else None,
+        warning=warning,
         detail=detail,
         flipped_worse=p.worse,
         flipped_better=p.better,
+        **common,
     )
 
 
 def _load_gates(result: CandidateResult, gates: Gates) -> list[GateVerdict]:
     if result.load is None or not result.load.levels:
         return [
-            GateVerdict(
-                gate="load",
-                passed=False,
-                value=None,
-                threshold=None,
-                detail="no load-test measurement",
-            )
+            _gate("load", "fail", value=None, threshold=None, detail="no load-test measurement")
         ]
     worst_ttft = max(result.load.levels, key=lambda lv: lv.ttft_p95_ms)
     worst_err = max(result.load.levels, key=lambda lv: lv.error_rate)
     slo_ms = gates.ttft_p95_slo_s * 1000
     return [
-        GateVerdict(
-            gate="ttft_p95",
-            passed=worst_ttft.ttft_p95_ms <= slo_ms,
+        _gate(
+            "ttft_p95",
+            "pass" if worst_ttft.ttft_p95_ms <= slo_ms else "fail",
             value=round(worst_ttft.ttft_p95_ms, 1),
             threshold=slo_ms,
             detail=f"worst TTFT p95 {worst_ttft.ttft_p95_ms:.0f} ms at concurrency "
             f"{worst_ttft.concurrency} (SLO {slo_ms:.0f} ms)",
         ),
-        GateVerdict(
-            gate="error_rate",
-            passed=worst_err.error_rate <= gates.max_error_rate,
+        _gate(
+            "error_rate",
+            "pass" if worst_err.error_rate <= gates.max_error_rate else "fail",
             value=round(worst_err.error_rate, 4),
             threshold=gates.max_error_rate,
             detail=f"worst error rate {worst_err.error_rate:.2%} at concurrency "
@@ -258,18 +330,82 @@ def _load_gates(result: CandidateResult, gates: Gates) -> list[GateVerdict]:
     ]
 
 
-def decide(results: list[CandidateResult], gates: Gates, stable: str | None = BASELINE) -> Decision:
-    baseline = next((r for r in results if r.name == BASELINE), None)
-    verdicts = [judge(r, baseline, gates, is_baseline=r.name == BASELINE) for r in results]
+def references_for(
+    result: CandidateResult, results: list[CandidateResult]
+) -> list[tuple[str, CandidateResult]]:
+    """What a challenger is judged against: the champion, and its own unquantized model."""
+    by_name = {r.name: r for r in results}
+    refs: list[tuple[str, CandidateResult]] = []
+    champion = by_name.get(CHAMPION)
+    if champion is not None and result.role != "champion":
+        who = f"champion ({champion.release_id})" if champion.release_id else "champion"
+        refs.append((who, champion))
+    baseline = by_name.get(BASELINE)
+    if result.role == "quantized" and baseline is not None:
+        refs.append(("own unquantized model", baseline))
+    return refs
+
+
+def decide(results: list[CandidateResult], gates: Gates) -> Decision:
+    """Judge every challenger; pick the winner; on a first release, the stable one too."""
+    verdicts = [judge(r, references_for(r, results), gates) for r in results]
+    by_name = {v.name: v for v in verdicts}
     sizes = {r.name: r.size_bytes or 0 for r in results}
-    contenders = [v for v in verdicts if v.eligible and v.name != stable]
-    contenders.sort(key=lambda v: (-(v.rank_key or 0.0), sizes[v.name]))
-    winner = contenders[0].name if contenders else None
+    has_champion = CHAMPION in by_name
+
+    def ranked(pool: list[CandidateVerdict]) -> list[CandidateVerdict]:
+        return sorted(pool, key=lambda v: (-(v.rank_key or 0.0), sizes[v.name]))
+
+    challengers = [v for v in verdicts if v.role != "champion"]
+    stable: str | None = CHAMPION if has_champion else None
+    if not has_champion:
+        # First release: the unquantized model becomes stable only if it passes its gates;
+        # the canary is the best other challenger. With no eligible baseline, the best
+        # eligible quantized model goes out alone, as the stable release.
+        base = by_name.get(BASELINE)
+        if base is not None and base.eligible:
+            stable = BASELINE
+            challengers = [v for v in challengers if v.name != BASELINE]
+    eligible = ranked([v for v in challengers if v.eligible])
+    waiting = ranked([v for v in challengers if v.needs_review])
+    winner = eligible[0].name if eligible else None
+    review = waiting[0].name if not eligible and waiting else None
+    if not has_champion and stable is None and winner:
+        stable, winner = winner, None
     if winner:
-        summary = f"winner: {winner} ({contenders[0].rank_key:.1f} output tok/s at top load)"
+        summary = f"winner: {winner} ({eligible[0].rank_key:.1f} output tok/s at top load)"
+    elif review:
+        summary = f"{review} awaits review: a gate was inconclusive and its set asks a human"
+    elif stable and not has_champion:
+        summary = f"first release: {stable} becomes stable; no other challenger passed every gate"
     else:
-        failed = [v.name for v in verdicts if not v.eligible]
-        summary = "no candidate passed every gate"
+        failed = [v.name for v in challengers if not v.eligible]
+        summary = "no challenger passed every gate"
         if failed:
             summary += f" (failed: {', '.join(failed)})"
-    return Decision(winner=winner, stable=stable, rule=RULE, verdicts=verdicts, summary=summary)
+        if has_champion:
+            summary += "; the champion keeps serving"
+    return Decision(
+        winner=winner, stable=stable, rule=RULE, verdicts=verdicts, summary=summary, review=review
+    )
+
+
+def apply_review(decision: Decision, approved: bool, note: str) -> Decision:
+    """A human's answer to ``decision.review``: approved, the candidate becomes the winner."""
+    name = decision.review
+    if name is None:
+        return decision
+    if approved:
+        stable, winner = decision.stable, name
+        if stable is None:  # first release: nothing serves yet, the approved one is stable
+            stable, winner = name, None
+        summary = f"{name} approved by review ({note}); " + (
+            f"winner: {winner}" if winner else f"{name} becomes stable"
+        )
+    else:
+        stable = decision.stable if decision.stable != name else None
+        winner = None
+        summary = f"{name} rejected by review ({note}); nothing new goes out"
+    return decision.model_copy(
+        update={"winner": winner, "stable": stable, "summary": summary, "reviewed": note}
+    )

@@ -41,39 +41,43 @@ def lb_get(url: str, count: int) -> None:
 
 def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path):
     from flows.release import release
+    from llm_release.config import ReleaseConfig
     from llm_release.serve import free_port
 
     router_port = free_port()
     out = release(
-        repo_id=TINY_REPO,
-        hub_endpoint=hub.url,
-        candidates=[
-            {"name": "fp8-dynamic", "scheme": "FP8_DYNAMIC"},
+        ReleaseConfig.model_validate(
             {
-                "name": "w4a16-awq",
-                "scheme": "W4A16_AWQ",
-                "num_calibration_samples": 16,
-                "max_seq_length": 128,
-            },
-            {
-                "name": "broken",
-                "scheme": "FP8_DYNAMIC",
-                "extra_serving_args": ["--no-such-vllm-flag"],
-            },
-        ],
-        serving={"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
-        evaluation={"limit": 8},
-        load={
-            "concurrencies": [1, 2],
-            "requests_per_level": 4,
-            "prompt_tokens": 32,
-            "output_tokens": 8,
-        },
-        # This test checks the mechanics; a loaded 2-core CI box must not flip the SLO gate.
-        gates={"ttft_p95_slo_s": 120},
-        router_port=router_port,
+                "source": {"repo_id": TINY_REPO, "endpoint": hub.url},
+                "candidates": [
+                    {"name": "fp8-dynamic", "scheme": "FP8_DYNAMIC"},
+                    {
+                        "name": "w4a16-awq",
+                        "scheme": "W4A16_AWQ",
+                        "num_calibration_samples": 16,
+                        "max_seq_length": 128,
+                    },
+                    {
+                        "name": "broken",
+                        "scheme": "FP8_DYNAMIC",
+                        "extra_serving_args": ["--no-such-vllm-flag"],
+                    },
+                ],
+                "serving": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
+                "evaluation": {"limit": 8},
+                "load": {
+                    "concurrencies": [1, 2],
+                    "requests_per_level": 4,
+                    "prompt_tokens": 32,
+                    "output_tokens": 8,
+                },
+                # This test checks the mechanics; a loaded 2-core CI box must not flip the SLO gate.
+                "gates": {"ttft_p95_slo_s": 120},
+                "router_port": router_port,
+            }
+        )
     )
-    run_dir = home / "runs" / out["run_dir"].split("/")[-1]
+    run_dir = home / "runs" / out.run_id
     report = json.loads((run_dir / "report.json").read_text())
     results = {r["name"]: r for r in report["results"]}
     assert set(results) == {"baseline", "fp8-dynamic", "w4a16-awq", "broken"}
@@ -97,7 +101,7 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
         assert results["broken"]["status"] == "failed"
         assert "--no-such-vllm-flag" in results["broken"]["error"]
     # The report names the CPU and runtime its figures come from.
-    assert out["host"] in (run_dir / "report.md").read_text()
+    assert out.host in (run_dir / "report.md").read_text()
     assert report["host"]["served_dtype"] in {"bfloat16", "float32"}
 
     decision = report["decision"]
@@ -128,8 +132,17 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
     # The scheduled check sees the released commit and exits without touching a model.
     from flows.model_update import model_update
 
-    update = model_update(repo_id=TINY_REPO, hub_endpoint=hub.url)
-    assert update == {"status": "up-to-date", "commit": state.stable.commit}
+    later = {
+        "source": {"repo_id": TINY_REPO, "endpoint": hub.url},
+        "candidates": [],
+        "serving": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
+        "evaluation": {"limit": 4},
+        "load": {"concurrencies": [1], "requests_per_level": 2, "output_tokens": 8},
+        "gates": {"ttft_p95_slo_s": 120},
+        "router_port": router_port,
+    }
+    update = model_update(ReleaseConfig.model_validate(later))
+    assert (update.status, update.commit) == ("up-to-date", state.stable.commit)
 
     # Upstream moves 'main' to a new commit: the next check releases it. With no quantized
     # candidate the new commit's baseline is the contender, and it goes out as the canary.
@@ -139,20 +152,14 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
     (moved / "generation_config.json").write_text(json.dumps(generation | {"top_k": 20}))
     new_commit = publish_repo(hub_root, TINY_REPO, moved)
     assert new_commit != state.stable.commit
-    update = model_update(
-        repo_id=TINY_REPO,
-        hub_endpoint=hub.url,
-        release_parameters={
-            "candidates": [],
-            "serving": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
-            "evaluation": {"limit": 4},
-            "load": {"concurrencies": [1], "requests_per_level": 2, "output_tokens": 8},
-            "gates": {"ttft_p95_slo_s": 120},
-            "router_port": router_port,
-        },
-    )
-    assert update["status"] == "released" and update["commit"] == new_commit
-    assert update["winner"] == "baseline", update["summary"]
+    update = model_update(ReleaseConfig.model_validate(later))
+    assert update.status == "judged" and update.commit == new_commit
+    # Judged against the champion (the promoted winner, or the first baseline) and out.
+    assert update.release.winner == "baseline", update.release.summary
+    second = json.loads((home / "runs" / update.release.run_id / "report.json").read_text())
+    assert [r["role"] for r in second["results"]] == ["champion", "baseline"]
+    references = {g["reference"] for v in second["decision"]["verdicts"] for g in v["gates"]}
+    assert f"champion ({state.stable.release_id})" in references
     status = json.loads(cli("canary", "status", "--json"))
     commits = {r["role"]: r["commit"] for r in status["releases"]}
     assert commits == {"stable": state.stable.commit, "canary": new_commit}

@@ -73,7 +73,18 @@ def rewrite_item(root: Path, line: int, **changes) -> None:
 
 
 def test_scaffolded_set_validates(root):
-    assert validate("kb2", root, calibration=[])["items"] == 40
+    assert validate("kb2", root, calibration=[])["items"] == 80
+
+
+def test_validate_states_what_each_gate_can_resolve_and_warns_when_too_small(root):
+    (gate,) = validate("kb2", root, calibration=[])["resolution"]
+    assert (gate["items"], gate["margin"], gate["detectable_drop"]) == (80, 0.05, 0.05)
+    assert gate["warning"] is None
+    data = root / "kb2" / "data.jsonl"
+    data.write_text("".join(data.read_text().splitlines(keepends=True)[:14]))
+    (gate,) = validate("kb2", root, calibration=[])["resolution"]
+    assert gate["items"] == 14 and abs(gate["detectable_drop"] - 4 / 14) < 1e-9
+    assert "14 items cannot resolve a 0.050 margin" in gate["warning"]
 
 
 def test_missing_field_points_at_the_data_line(root):
@@ -149,7 +160,7 @@ def test_variant_includes_a_base_yaml(root):
     eval_set = load_eval_set("kb2_strict", root)
     assert eval_set.task["doc_to_text"] == load_eval_set("kb2", root).task["doc_to_text"]
     assert eval_set.gates.critical and eval_set.gates.metrics["numeric_match"].max_drop == 0.0
-    assert validate("kb2_strict", root, calibration=[])["items"] == 40
+    assert validate("kb2_strict", root, calibration=[])["items"] == 80
 
 
 def test_project_defaults_fill_unset_gates(root):
@@ -171,7 +182,8 @@ def test_cli_new_validate_list(tmp_path, capsys):
     assert cli(["eval-sets", "new", "line_speed", "--root", str(root)]) == 0
     assert cli(["eval-sets", "validate", "line_speed", "--root", str(root)]) == 0
     assert cli(["eval-sets", "list", "--json", "--root", str(root)]) == 0
-    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out.split("\n", 2)[-1])}
+    out = capsys.readouterr().out
+    rows = {r["name"]: r for r in json.loads(out[out.index("\n[") + 1 :])}
     assert rows["line_speed"]["items"] == 1 and not rows["line_speed"]["critical"]
     (root / "line_speed" / "data.jsonl").write_text('{"id": "x"}\n')
     assert cli(["eval-sets", "validate", "line_speed", "--root", str(root)]) == 1
@@ -181,7 +193,7 @@ def test_cli_new_validate_list(tmp_path, capsys):
 def test_describe_reports_owner_size_and_gates():
     rows = {r["name"]: r for r in describe()}
     kb = rows["manufacturing_kb"]
-    assert kb["owner"] and kb["items"] == 40 and kb["critical"]
+    assert kb["owner"] and kb["items"] == 80 and kb["critical"]
     assert kb["slice_gates"][0]["tag"] == "safety"
 
 
@@ -309,7 +321,7 @@ def test_a_bad_set_does_not_hide_the_others_in_list(root, capsys):
     for good in ("kb2", "manufacturing_kb", "refusal_kb"):
         assert re.search(rf"(?m)^{good} +v\d+ +\d+ items", out), good
     rows = {r["name"]: r for r in describe(root)}
-    assert "error" in rows["evil"] and rows["manufacturing_kb"]["items"] == 40
+    assert "error" in rows["evil"] and rows["manufacturing_kb"]["items"] == 80
 
 
 def test_lm_eval_gets_only_checked_templates(root):

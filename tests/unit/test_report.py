@@ -82,7 +82,26 @@ def test_report_shows_slices_intervals_gates_and_disagreements():
     assert "| all | numeric_match | 0.750" in text
     assert "w4a16 vs baseline on `numeric_match`: 1 items disagree" in text
     assert "| i0 | prompt 0 | 0 bar | 0 bar (1) | 7 bar (0) |" in text
-    # Two items cannot show a drop with 95% confidence: reported, and it passes.
-    assert "kb[safety]/numeric_match:drop | pass | 0.5 | 0 |" in text
+    # A zero-margin slice fails on one flipped item, however few items it has.
+    assert (
+        "| kb[safety]/numeric_match:drop vs own unquantized model | FAIL | "
+        "own unquantized model | 0.5 |"
+    ) in text
+    # Four items cannot resolve a 0.05 margin: the gate says so and what they can resolve.
+    assert "4 items cannot resolve a 0.050 margin at 95%" in text
     assert "- w4a16, concurrency 4: 3 of 8 requests (stopped by max_seconds_per_level)" in text
     assert "- baseline, concurrency" not in text
+
+
+def test_items_table_puts_every_contender_side_by_side():
+    from llm_release.report import items_table
+
+    results = [
+        candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"]),
+        candidate("w4a16", [0, 1, 1, 0], ["7 bar", "1 bar", "2 bar", "x"]),
+    ]
+    table = items_table(results)
+    assert list(table.columns[:6]) == ["eval_set", "item", "tags", "metric", "baseline", "w4a16"]
+    row = table.set_index("item").loc["i0"]
+    assert (row["baseline"], row["w4a16"], row["answer:w4a16"]) == (1.0, 0.0, "7 bar")
+    assert len(table) == 4

@@ -1,4 +1,4 @@
-"""Gate logic on constructed results: the paired bootstrap blocks real regressions only."""
+"""Gate logic on constructed results: champion and challengers, three outcomes per gate."""
 
 from llm_release.config import Gates
 from llm_release.evalsets import GateSpec, MetricGate, SliceGate
@@ -10,7 +10,7 @@ from llm_release.results import (
     LoadResult,
     MetricScore,
 )
-from llm_release.select import decide
+from llm_release.select import apply_review, decide
 
 SPEC = GateSpec(metrics={"m": MetricGate(min_score=0.0, max_drop=0.05)})
 
@@ -36,8 +36,11 @@ def result(name, scores=(1,) * 40, levels=None, status="measured", size=100, spe
         for k, v in enumerate(scores)
     ]
     mean = sum(scores) / len(scores)
+    role = {"baseline": "baseline", "champion": "champion"}.get(name, "quantized")
     return CandidateResult(
         name=name,
+        role=role,
+        release_id="stable-1" if role == "champion" else None,
         scheme="x",
         status=status,
         size_bytes=size,
@@ -65,56 +68,137 @@ def gate(decision, name, prefix):
     return next(g for g in verdict(decision, name).gates if g.gate.startswith(prefix))
 
 
-def test_real_regression_fails_and_names_the_flipped_items():
-    base = [1] * 40
-    worse = [1] * 20 + [0] * 20  # half the items flipped from right to wrong
-    decision = decide([result("baseline", base), result("q", worse)], Gates())
+def flipped(n_items: int, flips: int, start: int = 0) -> list[int]:
+    return [0 if start <= k < start + flips else 1 for k in range(n_items)]
+
+
+def test_seven_of_forty_items_flipped_fail_a_five_point_gate():
+    # The case the old rule let through: -17.5% with an interval reaching below 0.05.
+    decision = decide([result("baseline"), result("q", flipped(40, 7))], Gates())
     drop = gate(decision, "q", "kb/m:drop")
-    assert not drop.passed and drop.ci_low > 0.05
-    assert drop.flipped_worse == sorted(f"i{k}" for k in range(20, 40))
-    assert decision.winner is None
+    assert drop.outcome == "fail" and abs(drop.value - 0.175) < 1e-9
+    assert drop.flipped_worse == sorted(f"i{k}" for k in range(7))
+    assert decision.winner is None and decision.review is None
 
 
-def test_equal_candidate_passes_and_wins():
-    scores = [1, 0] * 20
-    decision = decide([result("baseline", scores), result("q", scores)], Gates())
-    assert gate(decision, "q", "kb/m:drop").passed
-    assert decision.winner == "q"
-
-
-def test_small_sample_wobble_within_the_interval_passes():
-    # 10 items, 1 flipped each way twice: a 0.10 point drop that noise easily explains.
-    base = [1, 1, 1, 0, 1, 0, 1, 1, 1, 1]
-    cand = [1, 0, 1, 0, 1, 0, 1, 1, 0, 1]
-    decision = decide([result("baseline", base), result("q", cand)], Gates())
-    drop = gate(decision, "q", "kb/m:drop")
-    assert abs(drop.value - 0.2) < 1e-9 and drop.ci_low <= 0.05
-    assert drop.passed and decision.winner == "q"
-
-
-def test_min_score_gate():
-    spec = GateSpec(metrics={"m": MetricGate(min_score=0.9, max_drop=1.0)})
-    low = [1] * 30 + [0] * 10
-    decision = decide([result("baseline", low, spec=spec), result("q", low, spec=spec)], Gates())
-    assert not gate(decision, "q", "kb/m:min_score").passed
-    assert decision.winner is None
-
-
-def test_critical_slice_blocks_even_when_the_whole_set_passes():
+def test_three_of_fourteen_safety_items_fail_a_zero_margin_slice():
     spec = GateSpec(
         metrics={"m": MetricGate(min_score=0.0, max_drop=0.5)},
         slices=[SliceGate(tag="safety", metric="m", max_drop=0.0, min_score=0.0)],
     )
-    tags = {k: ["safety"] for k in range(10)}
-    base = [1] * 40
-    cand = [0] * 10 + [1] * 30  # every safety item lost
+    tags = {k: ["safety"] for k in range(14)}
+    cand = flipped(40, 3)
     decision = decide(
-        [result("baseline", base, spec=spec, tags=tags), result("q", cand, spec=spec, tags=tags)],
+        [result("baseline", spec=spec, tags=tags), result("q", cand, spec=spec, tags=tags)],
         Gates(),
     )
-    assert gate(decision, "q", "kb/m:drop").passed
-    assert not gate(decision, "q", "kb[safety]/m:drop").passed
+    assert gate(decision, "q", "kb/m:drop").outcome == "pass"
+    assert gate(decision, "q", "kb[safety]/m:drop").outcome == "fail"
     assert decision.winner is None
+
+
+def test_a_zero_margin_fails_on_one_flip_even_when_another_item_improved():
+    spec = GateSpec(metrics={"m": MetricGate(min_score=0.0, max_drop=0.0)})
+    base = [1, 0] + [1] * 38
+    cand = [0, 1] + [1] * 38  # net drop 0, but one item went from right to wrong
+    decision = decide([result("baseline", base, spec=spec), result("q", cand, spec=spec)], Gates())
+    drop = gate(decision, "q", "kb/m:drop")
+    assert drop.value == 0 and drop.outcome == "fail"
+
+
+def test_a_candidate_equal_to_its_reference_passes_and_wins():
+    scores = [1, 0] * 20
+    decision = decide([result("baseline", scores), result("q", scores)], Gates())
+    assert gate(decision, "q", "kb/m:drop").outcome == "pass"
+    assert decision.winner == "q"
+
+
+def test_an_interval_straddling_the_margin_is_inconclusive_and_asks_a_human():
+    # One flip in 40: drop 0.025 is within 0.05, but the interval reaches 0.075.
+    decision = decide([result("baseline"), result("q", flipped(40, 1))], Gates())
+    drop = gate(decision, "q", "kb/m:drop")
+    assert drop.outcome == "inconclusive" and drop.ci_high > 0.05 >= drop.value
+    assert drop.policy == "review" and not drop.passed
+    assert verdict(decision, "q").needs_review and not verdict(decision, "q").eligible
+    assert decision.review == "q" and decision.winner is None
+    approved = apply_review(decision, True, "checked the flipped item by hand")
+    assert approved.winner == "q" and "checked the flipped item" in approved.reviewed
+    rejected = apply_review(decision, False, "no")
+    assert rejected.winner is None and rejected.stable == "baseline"
+
+
+def test_the_set_chooses_what_inconclusive_does():
+    def run(policy):
+        spec = GateSpec(
+            on_inconclusive=policy, metrics={"m": MetricGate(min_score=0.0, max_drop=0.05)}
+        )
+        return decide(
+            [result("baseline", spec=spec), result("q", flipped(40, 1), spec=spec)], Gates()
+        )
+
+    assert run("block").winner is None and run("block").review is None
+    assert run("pass").winner == "q"
+    assert run("review").review == "q"
+
+
+def test_an_eligible_challenger_goes_out_without_asking_even_if_a_faster_one_is_unsure():
+    unsure = result("fast", flipped(40, 1), levels=[level(tps=99)])
+    sure = result("slow", levels=[level(tps=10)])
+    decision = decide([result("baseline"), unsure, sure], Gates())
+    assert decision.winner == "slow" and decision.review is None
+
+
+def test_challengers_are_judged_against_the_champion_and_quantized_ones_against_their_own_model():
+    # The new commit is worse than what users get now: refused, the reason names the champion.
+    champion = result("champion")
+    new_commit = result("baseline", flipped(40, 10))
+    quantized = result("q", flipped(40, 10))  # equal to its own unquantized model
+    decision = decide([champion, new_commit, quantized], Gates())
+    vs_champion = gate(decision, "baseline", "kb/m:drop vs champion")
+    assert vs_champion.outcome == "fail" and vs_champion.reference == "champion (stable-1)"
+    q_own = gate(decision, "q", "kb/m:drop vs own unquantized model")
+    q_champ = gate(decision, "q", "kb/m:drop vs champion")
+    assert q_own.outcome == "pass" and q_champ.outcome == "fail"
+    assert decision.winner is None and decision.stable == "champion"
+    assert "champion keeps serving" in decision.summary
+    assert verdict(decision, "champion").role == "champion"
+
+
+def test_the_champion_is_never_the_canary_and_the_new_commit_can_be():
+    champion = result("champion", levels=[level(tps=999)])
+    decision = decide([champion, result("baseline")], Gates())
+    assert decision.winner == "baseline" and decision.stable == "champion"
+
+
+def test_without_a_measured_champion_no_challenger_is_eligible():
+    decision = decide([result("champion", status="failed"), result("baseline")], Gates())
+    assert decision.winner is None
+    assert "champion" in gate(decision, "baseline", "quality vs champion").detail
+
+
+def test_a_first_release_deploys_nothing_that_fails_an_absolute_gate():
+    spec = GateSpec(metrics={"m": MetricGate(min_score=0.9, max_drop=1.0)})
+    low = [1] * 30 + [0] * 10
+    decision = decide([result("baseline", low, spec=spec), result("q", low, spec=spec)], Gates())
+    assert gate(decision, "baseline", "kb/m:min_score").outcome == "fail"
+    assert decision.stable is None and decision.winner is None
+
+
+def test_a_first_release_makes_the_baseline_stable_only_when_it_passes():
+    ok = decide([result("baseline"), result("q")], Gates())
+    assert (ok.stable, ok.winner) == ("baseline", "q")
+    slow_base = result("baseline", levels=[level(ttft_p95=9000)])
+    alone = decide([slow_base, result("q")], Gates(ttft_p95_slo_s=3))
+    assert (alone.stable, alone.winner) == ("q", None)
+
+
+def test_a_set_too_small_for_its_margin_is_flagged_with_what_it_can_resolve():
+    decision = decide([result("baseline", [1] * 14), result("q", [1] * 14)], Gates())
+    drop = gate(decision, "q", "kb/m:drop")
+    assert drop.items == 14 and abs(drop.detectable_drop - 4 / 14) < 1e-3
+    assert drop.warning and "14 items cannot resolve a 0.050 margin" in drop.warning
+    big = decide([result("baseline", [1] * 80), result("q", [1] * 80)], Gates())
+    assert gate(big, "q", "kb/m:drop").warning is None
 
 
 def test_non_critical_set_reports_but_does_not_block():
@@ -123,7 +207,7 @@ def test_non_critical_set_reports_but_does_not_block():
         [result("baseline", [1] * 40, spec=spec), result("q", [0] * 40, spec=spec)], Gates()
     )
     drop = gate(decision, "q", "kb/m:drop")
-    assert not drop.passed and not drop.blocking
+    assert drop.outcome == "fail" and not drop.blocking
     assert decision.winner == "q"
 
 
@@ -131,7 +215,7 @@ def test_ttft_over_slo_fails():
     slow = result("q", levels=[level(1, 500), level(4, 3500)])
     decision = decide([result("baseline"), slow], Gates(ttft_p95_slo_s=3.0))
     ttft = gate(decision, "q", "ttft_p95")
-    assert not ttft.passed and ttft.value == 3500
+    assert ttft.outcome == "fail" and ttft.value == 3500
     assert decision.winner is None
 
 
@@ -153,15 +237,3 @@ def test_highest_throughput_at_top_load_wins_and_ties_go_to_smaller():
     assert decide([result("baseline"), a, b], Gates()).winner == "b"
     c = result("c", levels=[level(4, tps=60)], size=50)
     assert decide([result("baseline"), b, c], Gates()).winner == "c"
-
-
-def test_stable_release_is_never_the_canary():
-    decision = decide([result("baseline", levels=[level(tps=999)]), result("q")], Gates())
-    assert decision.winner == "q"
-    later = decide([result("baseline", levels=[level(tps=999)]), result("q")], Gates(), stable=None)
-    assert later.winner == "baseline"
-
-
-def test_without_a_measured_baseline_no_candidate_is_eligible():
-    decision = decide([result("baseline", status="failed"), result("q")], Gates())
-    assert decision.winner is None
