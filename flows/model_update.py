@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from flows.release import ReleaseOutcome, hub_access, release
 from llm_release import decisions, registry
 from llm_release.config import ReleaseConfig
-from llm_release.promote import pid_alive
+from llm_release.promote import release_alive
 from tasks.acquire import resolve_revision
 
 
@@ -35,7 +35,7 @@ def model_update(config: ReleaseConfig) -> UpdateOutcome:
         logger.info("%s@%s → %s: %s", repo, config.source.revision, commit[:12], detail)
         return UpdateOutcome(status=status, commit=commit, detail=detail)
 
-    if state.canary is not None and pid_alive(state.canary.pid):
+    if state.canary is not None and release_alive(state.canary):
         return done(
             "canary-live",
             f"a canary is live ({state.canary.release_id} at {state.canary_weight}%): "

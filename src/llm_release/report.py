@@ -189,8 +189,9 @@ def items_table(results: list[CandidateResult]):
     index = ["eval_set", "item", "tags", "metric"]
     wide = long.pivot_table(index=index, columns="candidate", values="score", aggfunc="first")
     answers = long.pivot_table(index=index, columns="candidate", values="answer", aggfunc="first")
-    answers.columns = [f"answer:{c}" for c in answers.columns]
     order = [r.name for r in results if r.name in wide.columns]
+    answers = answers[[c for c in order if c in answers.columns]]
+    answers.columns = [f"answer:{c}" for c in answers.columns]
     return wide[order].join(answers).reset_index()
 
 

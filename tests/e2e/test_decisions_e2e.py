@@ -197,7 +197,13 @@ def test_champion_review_and_memory(prefect_api, home, hub, hub_root, eval_sets,
     )
     assert drop["outcome"] == "inconclusive" and drop["reference"].startswith("champion")
     assert drop["value"] == 0.05 and drop["ci_high"] > 0.1
-    assert (home / "runs" / update.release.run_id / "items.csv").read_text().count("\n") == 21
+    import pandas as pd
+
+    items = pd.read_csv(home / "runs" / update.release.run_id / "items.csv")
+    assert len(items) == 20 and list(items.columns[4:6]) == ["champion", "baseline"]
+    assert items.loc[
+        items["item"] == "mostly_free-0", ["champion", "baseline"]
+    ].values.tolist() == [[1.0, 0.0]]
     assert registry.load().canary is None
     assert len(vllm_processes(under=home)) == 1
 
@@ -220,7 +226,7 @@ def test_champion_review_and_memory(prefect_api, home, hub, hub_root, eval_sets,
         if v["name"] == "baseline"
         for g in v["gates"]
     }
-    vs_champion = gates["nonempty/regex_match:drop vs champion"]
+    vs_champion = gates[f"nonempty/regex_match:drop vs champion ({champion.release_id})"]
     assert vs_champion["outcome"] == "fail" and vs_champion["value"] == 1.0
     assert vs_champion["reference"] == f"champion ({champion.release_id})"
     assert gates["nonempty/regex_match:min_score"]["outcome"] == "fail"

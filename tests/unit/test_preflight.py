@@ -1,0 +1,58 @@
+"""One service, one model name: checked before any work."""
+
+import pytest
+
+from llm_release import registry
+from llm_release.config import ReleaseConfig, ServingConfig
+from llm_release.errors import ConfigError
+from llm_release.preflight import check_service
+
+
+@pytest.fixture()
+def serving_smollm(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path))
+    stable = registry.Release(
+        release_id="baseline-aaaa-1",
+        candidate="baseline",
+        scheme="unquantized",
+        repo_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        commit="a" * 40,
+        model_dir=str(tmp_path / "m"),
+        public_name="SmolLM2-135M-Instruct",
+        port=9,
+        pid=0,
+        log_path=str(tmp_path / "log"),
+        serving=ServingConfig(),
+    )
+    registry.save(registry.RegistryState(stable=stable))
+    return stable
+
+
+def test_a_release_of_another_model_into_the_service_is_refused(serving_smollm):
+    other = ReleaseConfig.model_validate({"source": {"repo_id": "google/gemma-3-270m"}})
+    with pytest.raises(ConfigError) as caught:
+        check_service(other)
+    assert "'SmolLM2-135M-Instruct'" in caught.value.message
+    assert "replaces_service" in caught.value.hint
+    # Same repository under another public name: refused too (its clients would 404).
+    renamed = ReleaseConfig.model_validate(
+        {"source": {"repo_id": serving_smollm.repo_id}, "public_name": "smol"}
+    )
+    with pytest.raises(ConfigError):
+        check_service(renamed)
+
+
+def test_replacing_keeps_the_services_public_name(serving_smollm):
+    replacing = ReleaseConfig.model_validate(
+        {"source": {"repo_id": "google/gemma-3-270m"}, "replaces_service": True}
+    )
+    champion, name = check_service(replacing)
+    assert champion.release_id == "baseline-aaaa-1" and name == "SmolLM2-135M-Instruct"
+    same = ReleaseConfig.model_validate({"source": {"repo_id": serving_smollm.repo_id}})
+    assert check_service(same)[1] == "SmolLM2-135M-Instruct"
+
+
+def test_the_first_release_of_a_service_names_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path))
+    config = ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}, "public_name": "kb-bot"})
+    assert check_service(config) == (None, "kb-bot")
