@@ -175,6 +175,8 @@ def test_index_naming_a_shard_outside_the_model_is_refused(tmp_path, shard):
 
 
 def test_silent_modelscope_listing_fails_within_the_stall_time(home, hostile):
+    import modelscope.hub.api  # noqa: F401 - a cold import takes seconds on a busy machine
+
     hostile.plan.silent = True
     start = time.monotonic()
     with pytest.raises(AcquireError, match="ModelScope could not list"):
