@@ -641,7 +641,7 @@ def describe(root: Path | None = None) -> list[dict]:
             items = load_items(eval_set)
         except ReleaseError as exc:
             # One bad set is listed as invalid with its error; it hides no other set.
-            rows.append({"name": name, "error": exc.message})
+            rows.append({"name": name, "error": " ".join(exc.message.split())})
             continue
         rows.append(
             {

@@ -175,6 +175,8 @@ def test_index_naming_a_shard_outside_the_model_is_refused(tmp_path, shard):
 
 
 def test_silent_modelscope_listing_fails_within_the_stall_time(home, hostile):
+    import modelscope.hub.api  # noqa: F401 - a cold import takes seconds on a busy machine
+
     hostile.plan.silent = True
     start = time.monotonic()
     with pytest.raises(AcquireError, match="ModelScope could not list"):
@@ -216,3 +218,23 @@ def test_a_broken_manifest_is_our_error(tmp_path):
     model.with_name(model.name + ".manifest.json").write_text('{"files": 3}')
     with pytest.raises(AcquireError, match="not a valid manifest"):
         verify_dir(model)
+
+
+def test_the_project_hub_serves_no_repo_outside_its_root(tmp_path):
+    """The local hub takes the repo id from the request's URL: '..' never leaves its root."""
+    import http.client
+
+    from llm_release.errors import ConfigError
+    from llm_release.hub_server import HubServer, publish_repo
+
+    outside = tmp_path / "x"
+    (outside / "commits").mkdir(parents=True)
+    (outside / "refs.json").write_text(json.dumps({"main": "0" * 40}))
+    (outside / "commits" / ("0" * 40 + ".json")).write_text("[]")
+    (tmp_path / "hub").mkdir()
+    with HubServer(tmp_path / "hub") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", int(server.url.rsplit(":", 1)[1]))
+        conn.request("GET", "/api/models/../x")
+        assert conn.getresponse().status == 404
+    with pytest.raises(ConfigError, match="owner/name"):
+        publish_repo(tmp_path / "hub", "../x", tmp_path)

@@ -87,7 +87,9 @@ def test_any_listing_ends_verified_or_in_our_error_and_writes_only_its_folder(
     if acquired is not None:
         served = hub.plan.files
         assert acquired.model_dir == model_dir
-        assert all(served[n].extra == 0 for n in served)
+        # An over-long stream never passes; an empty file is not fetched at all (its
+        # published size and hash already say what its bytes are).
+        assert all(f.extra == 0 or not f.body for f in served.values())
         for name, file in served.items():
             assert (model_dir / name).read_bytes() == file.body
     shutil.rmtree(home, ignore_errors=True)
