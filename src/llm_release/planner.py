@@ -600,6 +600,11 @@ class PlanRequest(Record):
     max_model_len: int | None = Field(None, ge=1, description="None: the model's maximum")
     concurrency: int = Field(1, ge=1, description="sequences of max_model_len to hold at once")
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="the served dtype (vLLM --dtype); 'auto' is the checkpoint's. On a CPU "
+        "without native bf16 the pipeline serves float32, which doubles the KV bytes",
+    )
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
@@ -673,6 +678,10 @@ def _tp_problem(arch: ModelArch, tp: int) -> str | None:
 
 
 def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str = "model") -> Plan:
+    if request.dtype != "auto":
+        arch = arch.model_copy(
+            update={"dtype_bytes": TORCH_DTYPE_BYTES[request.dtype], "dtype_name": request.dtype}
+        )
     max_len = request.max_model_len or arch.max_position_embeddings or 4096
     notes: list[str] = []
     if arch.max_position_embeddings and max_len > arch.max_position_embeddings:

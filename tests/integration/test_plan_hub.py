@@ -47,3 +47,32 @@ def test_hub_read_refuses_a_hostile_header_length(hub, hub_root):
 def test_hub_read_unknown_repo_says_so(hub):
     with pytest.raises(AcquireError, match="HTTP 404"):
         read_hub("nobody/nothing", endpoint=hub.url)
+
+
+def test_plan_command_on_a_hub_repo(hub, hub_root, capsys):
+    from llm_release.cli import main
+
+    code = main(
+        ["plan", TINY_REPO, "--endpoint", hub.url, "--cpu-kvcache-gib", "1"]
+        + ["--max-model-len", "1024", "--json"]
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert code == 0 and plan["fits"]
+    # the same number the tiny model's vLLM CPU log reports (tests/unit/data)
+    assert plan["options"][0]["kv_cache_tokens"] == 2_097_152
+    snapshot = _snapshot(hub_root)
+    for shard in snapshot.glob("*.safetensors"):
+        header_end = 8 + struct.unpack("<Q", shard.read_bytes()[:8])[0]
+        assert hub.counter.max_end[shard.name] == header_end
+
+
+def test_plan_command_exits_1_when_it_does_not_fit(hub, capsys):
+    from llm_release.cli import main
+
+    code = main(
+        ["plan", TINY_REPO, "--endpoint", hub.url, "--cpu-kvcache-gib", "1"]
+        + ["--max-model-len", "4000000"]
+    )
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "DOES NOT FIT" in out and "not one sequence of max_model_len 4,000,000" in out
