@@ -120,6 +120,30 @@ def test_sliding_window_caps_blocks_at_window_plus_in_flight_tokens():
     assert cap.kv_cache_tokens == int(blocks / need * 4096)
     full = kv_capacity(kv_layout(parse_config(llama()), runtime, 4096), GiB, 4096)
     assert cap.max_concurrency == pytest.approx(full.max_concurrency * 32 / 7)
+    # the same arithmetic at 2048 tokens is what vLLM CPU logged for a served model of this
+    # shape (tests/integration/test_planner_vllm.py, mistral-swa-128): 5,592,405 tokens
+    w128 = parse_config(llama(sliding_window=128, max_position_embeddings=4096))
+    at_2048 = kv_capacity(kv_layout(w128, runtime, 2048), GiB, 2048)
+    assert at_2048.kv_cache_tokens == int(blocks / (math.ceil(639 / 128) + 1) * 2048) == 5_592_405
+
+
+def test_gemma3_hybrid_matches_its_vllm_log():
+    # Real log (tests/unit/data/vllm_kv_report.log, case 3): 12 layers, 5 sliding (128)
+    # to 1 global, 2 KV heads × 32, bf16, --max-model-len 2048 --max-num-batched-tokens 512:
+    # "CPU KV cache size: 729,444 tokens, Maximum concurrency ... 356.17x".
+    kinds = (["sliding_attention"] * 5 + ["full_attention"]) * 2
+    arch = parse_config(
+        llama(num_hidden_layers=12, head_dim=32, sliding_window=128, layer_types=kinds)
+    )
+    layout = kv_layout(arch, Runtime(device="cpu", max_num_batched_tokens=512), 2048)
+    page = 128 * 2 * 32 * 2 * 2
+    assert layout.bytes_per_block == 2 * page  # groups of 2 layers: 1 full + 5 sliding
+    need = math.ceil(2048 / 128) + 5 * (math.ceil((128 - 1 + 512) / 128) + 1)
+    assert layout.blocks_per_request == need == 46
+    cap = kv_capacity(layout, GiB, 2048)
+    assert cap.num_blocks == GiB // (2 * page)
+    assert cap.kv_cache_tokens == 729_444
+    assert round(cap.max_concurrency, 2) == 356.17
 
 
 def test_sliding_window_longer_than_the_request_saves_nothing():

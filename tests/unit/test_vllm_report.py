@@ -10,12 +10,14 @@ DATA = Path(__file__).parent / "data"
 def test_real_cpu_log_excerpt_gives_the_last_starts_numbers():
     text = (DATA / "vllm_kv_report.log").read_text()
     report = parse_vllm_kv_report(text)
-    # the excerpt holds two starts; the last one is the float32 model at 256 tokens
+    # the excerpt holds three starts; the last one is the Gemma 3 model at 2048 tokens
     assert report.device == "CPU"
-    assert report.kv_cache_tokens == 524_288
-    assert report.max_model_len == 256
-    assert report.max_concurrency == 2048.0
+    assert report.kv_cache_tokens == 729_444
+    assert report.max_model_len == 2048
+    assert report.max_concurrency == 356.17
     assert report.kv_memory_gib == 1.0
+    second = parse_vllm_kv_report(text.split("# 3)")[0])
+    assert (second.kv_cache_tokens, second.max_model_len) == (524_288, 256)
 
 
 def test_first_start_in_the_excerpt():

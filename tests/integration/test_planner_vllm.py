@@ -1,0 +1,169 @@
+"""The planner against vLLM itself: real vLLM CPU servers, their logged KV-cache capacity.
+
+Each model is served once with a known KV space, and the planner's KV-cache tokens and
+max concurrency must be within 1% of what vLLM logs ("CPU KV cache size: N tokens,
+Maximum concurrency for L tokens per request: Cx").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from llm_release.config import ServingConfig
+from llm_release.hub_headers import read_local
+from llm_release.planner import PlanRequest, parse_config, plan, weights_from_tensors
+from llm_release.serve import VllmServer
+from llm_release.vllm_report import parse_vllm_kv_report, relative_error
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# Errors measured by this test are printed (pytest -s) and appended here, for the README.
+RESULTS = os.environ.get("LLM_RELEASE_PLANNER_RESULTS")
+
+
+def _save(model_dir: Path, config) -> Path:
+    """A random-weight model of ``config`` with SmolLM2's tokenizer, saved bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    model.save_pretrained(model_dir, max_shard_size="10MB")
+    return model_dir
+
+
+def _tokenizer(tokenizer_dir: Path, out: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.save_pretrained(out)
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def mistral_swa_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """Mistral-style: every layer has a 128-token sliding window."""
+    from transformers import MistralConfig
+
+    out = tmp_path_factory.mktemp("mistral-swa")
+    tok = _tokenizer(tokenizer_dir, out)
+    config = MistralConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        sliding_window=128,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    return _save(out, config)
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """Gemma 3 text: 5 sliding-window layers to 1 global, twice (two KV-cache group kinds)."""
+    from transformers import Gemma3TextConfig
+
+    out = tmp_path_factory.mktemp("gemma3")
+    tok = _tokenizer(tokenizer_dir, out)
+    config = Gemma3TextConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=12,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        sliding_window=128,
+        layer_types=(["sliding_attention"] * 5 + ["full_attention"]) * 2,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    config.architectures = ["Gemma3ForCausalLM"]
+    return _save(out, config)
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory) -> Path:
+    from llm_release.demo_model import convert_smollm2
+
+    return convert_smollm2(tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct")
+
+
+CASES = {
+    # name: (fixture, max_model_len, vLLM extra args, planner max_num_batched_tokens)
+    "tiny-llama": ("tiny_model_dir", 1024, [], None),
+    "smollm2-135m": ("smollm2_dir", 2048, [], None),
+    "mistral-swa-128": ("mistral_swa_dir", 2048, ["--max-num-batched-tokens", "512"], 512),
+    "gemma3-5to1": ("gemma3_dir", 2048, ["--max-num-batched-tokens", "512"], 512),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
+    fixture, max_len, extra, batched = CASES[name]
+    model_dir = request.getfixturevalue(fixture)
+    serving = ServingConfig(
+        max_model_len=max_len,
+        max_num_seqs=4,
+        dtype="bfloat16",
+        enforce_eager=True,
+        cpu_kvcache_space_gib=1,
+        extra_args=extra,
+    )
+    files = read_local(model_dir)
+    predicted = plan(
+        parse_config(files.config),
+        weights_from_tensors(files.tensors),
+        PlanRequest(
+            device="cpu",
+            cpu_kvcache_space_gib=1,
+            max_model_len=max_len,
+            dtype="bfloat16",
+            max_num_batched_tokens=batched,
+            enable_prefix_caching=serving.enable_prefix_caching,
+        ),
+        model=name,
+    ).options[0]
+    log = tmp_path / "vllm.log"
+    with VllmServer(model_dir, [name], serving, log):
+        pass
+    report = parse_vllm_kv_report(log.read_text(errors="replace"))
+    assert report is not None, f"no KV report in {log}"
+    tokens_error = relative_error(predicted.kv_cache_tokens, report.kv_cache_tokens)
+    concurrency_error = relative_error(predicted.max_concurrency, report.max_concurrency)
+    line = {
+        "model": name,
+        "max_model_len": max_len,
+        "planner_tokens": predicted.kv_cache_tokens,
+        "vllm_tokens": report.kv_cache_tokens,
+        "tokens_error": round(tokens_error, 6),
+        "planner_concurrency": predicted.max_concurrency,
+        "vllm_concurrency": report.max_concurrency,
+        "concurrency_error": round(concurrency_error, 6),
+    }
+    print(json.dumps(line))
+    if RESULTS:
+        kv_lines = [
+            t
+            for t in log.read_text(errors="replace").splitlines()
+            if "KV cache" in t or t[:2] == "$ "
+        ]
+        with open(RESULTS, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+            fh.writelines(f"# {t}\n" for t in kv_lines)
+    assert report.max_model_len == max_len
+    assert abs(tokens_error) <= 0.01, line
+    assert abs(concurrency_error) <= 0.01, line
