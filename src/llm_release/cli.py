@@ -213,6 +213,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         kv_cache_dtype=args.kv_cache_dtype,
         dtype=args.dtype,
+        mamba_ssm_dtype=planner.cpu_ssm_dtype_for_host() if args.cpu_kvcache_gib else "auto",
     )
     result = planner.plan(
         planner.parse_config(files.config),

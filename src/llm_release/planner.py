@@ -605,6 +605,12 @@ class PlanRequest(Record):
         description="the served dtype (vLLM --dtype); 'auto' is the checkpoint's. On a CPU "
         "without native bf16 the pipeline serves float32, which doubles the KV bytes",
     )
+    mamba_ssm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="linear-attention recurrent state dtype; 'auto': the config's "
+        "mamba_ssm_dtype, else the model dtype. vLLM CPU on a host with AVX512_BF16 stores "
+        "it in float32 (platforms/cpu.py): see cpu_ssm_dtype_for_host()",
+    )
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
@@ -654,6 +660,14 @@ class Plan(Record):
     notes: list[str] = Field(default_factory=list)
 
 
+def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
+    """vLLM CPU 0.32 resets the linear-attention state to float32 when the host has
+    AVX512_BF16 (its accelerated GDN kernel) unless bf16/fp16 was asked for explicitly."""
+    from .hardware import detect
+
+    return "float32" if "avx512_bf16" in detect().cpu.flags else "auto"
+
+
 def estimate_overhead_bytes(arch: ModelArch, tp: int, batched_tokens: int) -> int:
     """Non-KV GPU memory of one rank: vLLM's profiling peak of one ``batched_tokens`` step
     (hidden states and the widest MLP/expert activation in bf16, fp32 logits of up to 256
@@ -682,12 +696,19 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
         arch = arch.model_copy(
             update={"dtype_bytes": TORCH_DTYPE_BYTES[request.dtype], "dtype_name": request.dtype}
         )
+    if request.mamba_ssm_dtype != "auto" and arch.linear:
+        linear = arch.linear.model_copy(
+            update={"ssm_dtype_bytes": TORCH_DTYPE_BYTES[request.mamba_ssm_dtype]}
+        )
+        arch = arch.model_copy(update={"linear": linear})
     max_len = request.max_model_len or arch.max_position_embeddings or 4096
     notes: list[str] = []
+    too_long = None
     if arch.max_position_embeddings and max_len > arch.max_position_embeddings:
-        notes.append(
-            f"max_model_len {max_len} exceeds the model's max_position_embeddings "
-            f"{arch.max_position_embeddings}: vLLM refuses it without rope scaling"
+        # vLLM raises at start unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (and then rope breaks)
+        too_long = (
+            f"max_model_len {max_len:,} > the model's max_position_embeddings "
+            f"{arch.max_position_embeddings:,} (vLLM refuses it)"
         )
     counts = [1] if request.device == "cpu" else sorted(set(request.gpu_counts))
     options: list[TpPlan] = []
@@ -702,7 +723,7 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
             gpu_memory_gib=request.gpu_memory_gib,
         )
         layout = kv_layout(arch, runtime, max_len)
-        reasons: list[str] = []
+        reasons: list[str] = [too_long] if too_long else []
         problem = _tp_problem(arch, tp)
         if problem:
             reasons.append(problem)

@@ -15,7 +15,13 @@ import pytest
 
 from llm_release.config import ServingConfig
 from llm_release.hub_headers import read_local
-from llm_release.planner import PlanRequest, parse_config, plan, weights_from_tensors
+from llm_release.planner import (
+    PlanRequest,
+    cpu_ssm_dtype_for_host,
+    parse_config,
+    plan,
+    weights_from_tensors,
+)
 from llm_release.serve import VllmServer
 from llm_release.vllm_report import parse_vllm_kv_report, relative_error
 
@@ -96,6 +102,79 @@ def gemma3_dir(tmp_path_factory, tokenizer_dir) -> Path:
 
 
 @pytest.fixture(scope="module")
+def qwen3_next_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """Qwen3-Next: 3 Gated DeltaNet layers to 1 full-attention layer, twice, with experts.
+    (Qwen3.5 itself cannot start on this vLLM CPU build: vllm/model_executor/models/
+    qwen3_5.py imports qwen3_vl, which needs torchvision, removed from .venv-vllm because
+    PyPI's torchvision breaks the CPU torch. Qwen3-Next has the same GDN layers. Its CPU GDN kernel wants
+    128-wide heads: "Unexpected head dim size, 32".)"""
+    from transformers import Qwen3NextConfig
+
+    out = tmp_path_factory.mktemp("qwen3next")
+    tok = _tokenizer(tokenizer_dir, out)
+    config = Qwen3NextConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        full_attention_interval=4,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    return _save(out, config)
+
+
+@pytest.fixture(scope="module")
+def deepseek_v2_dir(tmp_path_factory, tokenizer_dir) -> Path:
+    """DeepSeek-V2-style MLA (latent 512 + rope 64, as the real models) with 4 experts."""
+    from transformers import DeepseekV2Config
+
+    out = tmp_path_factory.mktemp("dsv2")
+    tok = _tokenizer(tokenizer_dir, out)
+    config = DeepseekV2Config(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,  # vLLM CPU's router asserts a topk_group (real V2 configs carry them)
+        topk_group=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=64,
+        v_head_dim=32,
+        max_position_embeddings=4096,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["DeepseekV2ForCausalLM"]
+    return _save(out, config)
+
+
+@pytest.fixture(scope="module")
 def smollm2_dir(tmp_path_factory) -> Path:
     from llm_release.demo_model import convert_smollm2
 
@@ -108,6 +187,8 @@ CASES = {
     "smollm2-135m": ("smollm2_dir", 2048, [], None),
     "mistral-swa-128": ("mistral_swa_dir", 2048, ["--max-num-batched-tokens", "512"], 512),
     "gemma3-5to1": ("gemma3_dir", 2048, ["--max-num-batched-tokens", "512"], 512),
+    "qwen3-next-hybrid-gdn": ("qwen3_next_dir", 2048, [], None),
+    "deepseek-v2-mla": ("deepseek_v2_dir", 2048, [], None),
 }
 
 
@@ -134,6 +215,7 @@ def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
             dtype="bfloat16",
             max_num_batched_tokens=batched,
             enable_prefix_caching=serving.enable_prefix_caching,
+            mamba_ssm_dtype=cpu_ssm_dtype_for_host(),
         ),
         model=name,
     ).options[0]
@@ -165,5 +247,7 @@ def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
             fh.write(json.dumps(line) + "\n")
             fh.writelines(f"# {t}\n" for t in kv_lines)
     assert report.max_model_len == max_len
+    if report.attention_block_size is not None:  # hybrid: the block grown for the GDN state
+        assert report.attention_block_size == predicted.block_size, line
     assert abs(tokens_error) <= 0.01, line
     assert abs(concurrency_error) <= 0.01, line

@@ -332,3 +332,10 @@ def test_read_local_counts_the_tiny_models_weights(tiny_model_dir):
     headers = files.bytes_read
     assert weights.total_bytes == on_disk - headers
     assert set(weights.by_dtype) == {"BF16"}
+
+
+def test_max_model_len_beyond_the_models_positions_does_not_fit():
+    arch = parse_config(PAPER["meta-llama/Meta-Llama-3-8B"])
+    p = plan(arch, estimate_weights(arch, "bf16"), PlanRequest(max_model_len=32768))
+    assert not p.fits
+    assert all("> the model's max_position_embeddings 8,192" in o.reasons[0] for o in p.options)
