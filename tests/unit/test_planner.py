@@ -339,3 +339,56 @@ def test_max_model_len_beyond_the_models_positions_does_not_fit():
     p = plan(arch, estimate_weights(arch, "bf16"), PlanRequest(max_model_len=32768))
     assert not p.fits
     assert all("> the model's max_position_embeddings 8,192" in o.reasons[0] for o in p.options)
+
+
+def test_qwen3_next_hybrid_matches_vllm_cpu():
+    # Measured by tests/integration/test_planner_vllm.py (qwen3-next-hybrid-gdn): vLLM CPU
+    # logged "CPU KV cache size: 335,462 tokens, Maximum concurrency for 2,048 tokens per
+    # request: 163.80x" for this shape with 1 GiB, prefix caching on, float32 GDN state
+    # (reset by vLLM on this AVX512_BF16 host).
+    cfg = llama(
+        architectures=["Qwen3NextForCausalLM"],
+        num_hidden_layers=8,
+        head_dim=64,
+        full_attention_interval=4,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+    )
+    arch = parse_config(cfg)
+    attn_tok = 2 * 64 * 2 * 2
+    state = (2 * 2 * 128 + 4 * 128) * 3 * 2 + 4 * 128 * 128 * 4
+    block = 128 * math.ceil(state / (128 * attn_tok))  # CPU: 128-token alignment
+    assert block == 640
+    p = plan(
+        arch,
+        estimate_weights(arch, "bf16"),
+        PlanRequest(device="cpu", max_model_len=2048, mamba_ssm_dtype="float32"),
+    )
+    o = p.options[0]
+    blocks = GiB // (2 * block * attn_tok)  # groups of 2 layers (2 full, 6 linear)
+    need = math.ceil(2048 / block) + 3 * 2  # 1 attention group + 3 GDN groups × 2 (align)
+    assert o.block_size == block and o.num_blocks == blocks
+    assert o.kv_cache_tokens == int(blocks / need * 2048) == 335_462
+    assert o.max_concurrency == 163.8
+
+
+def test_mla_matches_vllm_cpu():
+    # Measured (deepseek-v2-mla): "CPU KV cache size: 466,032 tokens ... 227.55x" for a
+    # 2-layer MLA model, latent 512 + rope 64, bf16, 1 GiB; CPU MLA uses 16-token blocks.
+    cfg = llama(
+        architectures=["DeepseekV2ForCausalLM"],
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+    )
+    arch = parse_config(cfg)
+    o = plan(
+        arch, estimate_weights(arch, "bf16"), PlanRequest(device="cpu", max_model_len=2048)
+    ).options[0]
+    blocks = GiB // (2 * 16 * (512 + 64) * 2)
+    assert o.block_size == 16 and o.num_blocks == blocks
+    assert o.kv_cache_tokens == int(blocks / (2048 // 16) * 2048) == 466_032
