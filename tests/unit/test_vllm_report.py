@@ -56,3 +56,11 @@ def test_a_log_without_a_report_gives_none():
 def test_relative_error_sign():
     assert relative_error(101, 100) == 0.01
     assert relative_error(99, 100) == -0.01
+
+
+def test_real_hybrid_log_gives_the_grown_block():
+    # Qwen3-Next on vLLM CPU: the attention block grew to 640 tokens to hold a GDN state
+    report = parse_vllm_kv_report((DATA / "vllm_kv_report_hybrid.log").read_text())
+    assert report.attention_block_size == 640
+    assert (report.kv_cache_tokens, report.max_concurrency) == (335_462, 163.8)
+    assert report.vllm_version == "0.32.0"
