@@ -194,9 +194,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from . import hub_headers, planner
     from .errors import ConfigError
 
-    local = Path(args.model)
+    local = Path(args.model).expanduser()
     if local.is_dir():
         files = hub_headers.read_local(local)
+    elif args.model.startswith(("/", ".", "~")) or args.model.count("/") != 1:
+        raise ConfigError(
+            f"{args.model} is neither a model folder nor an 'owner/name' repo id",
+            hint="pass an existing folder with config.json, or a repo id with --endpoint",
+        )
     else:
         files = hub_headers.read_hub(args.model, revision=args.revision, endpoint=args.endpoint)
     try:

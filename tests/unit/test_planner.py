@@ -392,3 +392,21 @@ def test_mla_matches_vllm_cpu():
     blocks = GiB // (2 * 16 * (512 + 64) * 2)
     assert o.block_size == 16 and o.num_blocks == blocks
     assert o.kv_cache_tokens == int(blocks / (2048 // 16) * 2048) == 466_032
+
+
+def test_plan_command_on_a_folder(tiny_model_dir, capsys):
+    from llm_release.cli import main
+
+    assert (
+        main(["plan", str(tiny_model_dir), "--cpu-kvcache-gib", "1", "--max-model-len", "1024"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "2,097,152" in out and "recommended: --tensor-parallel-size 1" in out
+
+
+def test_plan_command_refuses_a_missing_folder(tmp_path, capsys):
+    from llm_release.cli import main
+
+    assert main(["plan", str(tmp_path / "nope")]) == 2
+    assert "neither a model folder nor an 'owner/name' repo id" in capsys.readouterr().err
