@@ -691,6 +691,63 @@ def _tp_problem(arch: ModelArch, tp: int) -> str | None:
     return None
 
 
+def _flag(args: list[str], *names: str) -> str | None:
+    """The value of the last ``--name value`` / ``--name=value`` in a vLLM argument list."""
+    value = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def request_for_serving(
+    serving,
+    *,
+    device: Literal["gpu", "cpu"],
+    gpu_memory_gib: float = 80.0,
+    dtype: str | None = None,
+    concurrency: int | None = None,
+    extra_args: list[str] | None = None,
+) -> PlanRequest:
+    """The PlanRequest for a ``config.ServingConfig`` as serve.build_command passes it to vLLM:
+    max-model-len, KV space or memory utilization, prefix caching, and the flags in
+    ``extra_args`` that change the KV arithmetic (--kv-cache-dtype, --max-num-batched-tokens,
+    --block-size, --tensor-parallel-size). ``dtype`` is the served dtype once resolved
+    (serving.dtype 'fastest' is resolved per host by serve.resolve_dtype)."""
+    args = list(serving.extra_args) + list(extra_args or [])
+    served = dtype or serving.dtype
+    if served not in ("auto", "bfloat16", "float16", "float32"):
+        raise ConfigError(
+            f"served dtype {served!r} is not resolved",
+            hint="pass the dtype serve.resolve_dtype chose ('fastest' depends on the host)",
+        )
+    kv = _flag(args, "--kv-cache-dtype") or "auto"
+    tp = _flag(args, "--tensor-parallel-size", "-tp")
+    batched = _flag(args, "--max-num-batched-tokens")
+    block = _flag(args, "--block-size")
+    try:
+        return PlanRequest(
+            device=device,
+            gpu_memory_gib=gpu_memory_gib,
+            gpu_counts=[int(tp)] if tp else [1],
+            gpu_memory_utilization=serving.gpu_memory_utilization,
+            cpu_kvcache_space_gib=serving.cpu_kvcache_space_gib,
+            max_model_len=serving.max_model_len,
+            concurrency=concurrency or 1,
+            kv_cache_dtype="fp8" if kv.startswith("fp8") else "auto",
+            dtype=served,
+            mamba_ssm_dtype=cpu_ssm_dtype_for_host() if device == "cpu" else "auto",
+            enable_prefix_caching=serving.enable_prefix_caching,
+            max_num_batched_tokens=int(batched) if batched else None,
+            block_size=int(block) if block else None,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"serving arguments the planner cannot read: {exc}") from exc
+
+
 def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str = "model") -> Plan:
     if request.dtype != "auto":
         arch = arch.model_copy(

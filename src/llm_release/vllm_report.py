@@ -79,3 +79,31 @@ def parse_vllm_kv_report(log_text: str) -> VllmKvReport | None:
 def relative_error(predicted: float, reported: float) -> float:
     """(predicted − reported) / reported: positive when the planner promises too much."""
     return (predicted - reported) / reported if reported else float("inf")
+
+
+class KvCheck(BaseModel):
+    """The planner next to vLLM for one served candidate: what a report shows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    planner_kv_cache_tokens: int
+    vllm_kv_cache_tokens: int
+    tokens_error: float = Field(description="(planner − vLLM) / vLLM")
+    planner_max_concurrency: float
+    vllm_max_concurrency: float
+    concurrency_error: float
+    max_model_len: int
+    vllm_version: str | None = None
+
+
+def check_plan(planner_tokens: int, planner_concurrency: float, report: VllmKvReport) -> KvCheck:
+    return KvCheck(
+        planner_kv_cache_tokens=planner_tokens,
+        vllm_kv_cache_tokens=report.kv_cache_tokens,
+        tokens_error=relative_error(planner_tokens, report.kv_cache_tokens),
+        planner_max_concurrency=planner_concurrency,
+        vllm_max_concurrency=report.max_concurrency,
+        concurrency_error=relative_error(planner_concurrency, report.max_concurrency),
+        max_model_len=report.max_model_len,
+        vllm_version=report.vllm_version,
+    )

@@ -15,15 +15,9 @@ import pytest
 
 from llm_release.config import ServingConfig
 from llm_release.hub_headers import read_local
-from llm_release.planner import (
-    PlanRequest,
-    cpu_ssm_dtype_for_host,
-    parse_config,
-    plan,
-    weights_from_tensors,
-)
+from llm_release.planner import parse_config, plan, request_for_serving, weights_from_tensors
 from llm_release.serve import VllmServer
-from llm_release.vllm_report import parse_vllm_kv_report, relative_error
+from llm_release.vllm_report import check_plan, parse_vllm_kv_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -182,19 +176,19 @@ def smollm2_dir(tmp_path_factory) -> Path:
 
 
 CASES = {
-    # name: (fixture, max_model_len, vLLM extra args, planner max_num_batched_tokens)
-    "tiny-llama": ("tiny_model_dir", 1024, [], None),
-    "smollm2-135m": ("smollm2_dir", 2048, [], None),
-    "mistral-swa-128": ("mistral_swa_dir", 2048, ["--max-num-batched-tokens", "512"], 512),
-    "gemma3-5to1": ("gemma3_dir", 2048, ["--max-num-batched-tokens", "512"], 512),
-    "qwen3-next-hybrid-gdn": ("qwen3_next_dir", 2048, [], None),
-    "deepseek-v2-mla": ("deepseek_v2_dir", 2048, [], None),
+    # name: (fixture, max_model_len, vLLM extra args)
+    "tiny-llama": ("tiny_model_dir", 1024, []),
+    "smollm2-135m": ("smollm2_dir", 2048, []),
+    "mistral-swa-128": ("mistral_swa_dir", 2048, ["--max-num-batched-tokens", "512"]),
+    "gemma3-5to1": ("gemma3_dir", 2048, ["--max-num-batched-tokens", "512"]),
+    "qwen3-next-hybrid-gdn": ("qwen3_next_dir", 2048, []),
+    "deepseek-v2-mla": ("deepseek_v2_dir", 2048, []),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
-    fixture, max_len, extra, batched = CASES[name]
+    fixture, max_len, extra = CASES[name]
     model_dir = request.getfixturevalue(fixture)
     serving = ServingConfig(
         max_model_len=max_len,
@@ -205,37 +199,18 @@ def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
         extra_args=extra,
     )
     files = read_local(model_dir)
+    # the same ServingConfig the server gets: the planner reads it as serve.py passes it
+    plan_request = request_for_serving(serving, device="cpu")
     predicted = plan(
-        parse_config(files.config),
-        weights_from_tensors(files.tensors),
-        PlanRequest(
-            device="cpu",
-            cpu_kvcache_space_gib=1,
-            max_model_len=max_len,
-            dtype="bfloat16",
-            max_num_batched_tokens=batched,
-            enable_prefix_caching=serving.enable_prefix_caching,
-            mamba_ssm_dtype=cpu_ssm_dtype_for_host(),
-        ),
-        model=name,
+        parse_config(files.config), weights_from_tensors(files.tensors), plan_request, model=name
     ).options[0]
     log = tmp_path / "vllm.log"
     with VllmServer(model_dir, [name], serving, log):
         pass
     report = parse_vllm_kv_report(log.read_text(errors="replace"))
     assert report is not None, f"no KV report in {log}"
-    tokens_error = relative_error(predicted.kv_cache_tokens, report.kv_cache_tokens)
-    concurrency_error = relative_error(predicted.max_concurrency, report.max_concurrency)
-    line = {
-        "model": name,
-        "max_model_len": max_len,
-        "planner_tokens": predicted.kv_cache_tokens,
-        "vllm_tokens": report.kv_cache_tokens,
-        "tokens_error": round(tokens_error, 6),
-        "planner_concurrency": predicted.max_concurrency,
-        "vllm_concurrency": report.max_concurrency,
-        "concurrency_error": round(concurrency_error, 6),
-    }
+    check = check_plan(predicted.kv_cache_tokens, predicted.max_concurrency, report)
+    line = {"model": name, **check.model_dump()}
     print(json.dumps(line))
     if RESULTS:
         kv_lines = [
@@ -249,5 +224,5 @@ def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
     assert report.max_model_len == max_len
     if report.attention_block_size is not None:  # hybrid: the block grown for the GDN state
         assert report.attention_block_size == predicted.block_size, line
-    assert abs(tokens_error) <= 0.01, line
-    assert abs(concurrency_error) <= 0.01, line
+    assert abs(check.tokens_error) <= 0.01, line
+    assert abs(check.concurrency_error) <= 0.01, line

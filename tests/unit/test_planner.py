@@ -410,3 +410,21 @@ def test_plan_command_refuses_a_missing_folder(tmp_path, capsys):
 
     assert main(["plan", str(tmp_path / "nope")]) == 2
     assert "neither a model folder nor an 'owner/name' repo id" in capsys.readouterr().err
+
+
+def test_request_for_serving_reads_the_flags_vllm_gets():
+    from llm_release.config import ServingConfig
+    from llm_release.planner import request_for_serving
+
+    serving = ServingConfig(
+        max_model_len=4096,
+        dtype="bfloat16",
+        gpu_memory_utilization=0.85,
+        enable_prefix_caching=False,
+        extra_args=["--kv-cache-dtype", "fp8_e4m3", "--max-num-batched-tokens=1024", "-tp", "2"],
+    )
+    r = request_for_serving(serving, device="gpu")
+    assert (r.max_model_len, r.kv_cache_dtype, r.max_num_batched_tokens) == (4096, "fp8", 1024)
+    assert (r.gpu_counts, r.gpu_memory_utilization, r.enable_prefix_caching) == ([2], 0.85, False)
+    with pytest.raises(Exception, match="not resolved"):
+        request_for_serving(ServingConfig(), device="cpu")  # dtype 'fastest'
