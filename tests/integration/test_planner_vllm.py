@@ -183,6 +183,9 @@ CASES = {
     "gemma3-5to1": ("gemma3_dir", 2048, ["--max-num-batched-tokens", "512"]),
     "qwen3-next-hybrid-gdn": ("qwen3_next_dir", 2048, []),
     "deepseek-v2-mla": ("deepseek_v2_dir", 2048, []),
+    # 1000 is no multiple of the 128-token block: each request wastes part of its last block
+    "tiny-llama-len-1000": ("tiny_model_dir", 1000, []),
+    "tiny-llama-fp8-kv": ("tiny_model_dir", 1024, ["--kv-cache-dtype", "fp8"]),
 }
 
 
