@@ -380,8 +380,9 @@ def kv_layout(arch: ModelArch, runtime: Runtime, max_model_len: int) -> KvLayout
         needed = align * math.ceil(state / (align * per_tok))
         if needed > block:
             notes.append(
-                f"attention block size raised from {block} to {needed} tokens so one page "
-                f"holds a linear-attention state of {state:,} B (vLLM pads the state page)"
+                f"attention block size raised from {block} tokens until one page holds one "
+                "linear-attention state, as vLLM does (the state page is padded to it): see "
+                "the block column"
             )
             block = needed
     page = block * per_tok
@@ -657,7 +658,34 @@ class Plan(Record):
     fits: bool
     verdict: str
     recommendation: Recommendation | None
+    alternative: Recommendation | None = Field(
+        None,
+        description="when nothing fits as asked: the longest max_model_len that holds the "
+        "requested concurrency, at the largest tensor-parallel size whose weights fit",
+    )
     notes: list[str] = Field(default_factory=list)
+
+
+def longest_fitting_len(
+    arch: ModelArch, runtime: Runtime, kv_memory_bytes: int, concurrency: int, upper: int
+) -> int | None:
+    """The largest max_model_len ≤ ``upper`` at which ``concurrency`` sequences fit (the
+    concurrency only falls as the length grows, so a bisection finds it)."""
+
+    def holds(length: int) -> bool:
+        layout = kv_layout(arch, runtime, length)
+        return kv_capacity(layout, kv_memory_bytes, length).max_concurrency >= concurrency
+
+    if upper < 1 or not holds(1):
+        return None
+    lo, hi = 1, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
@@ -769,6 +797,7 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
         )
     counts = [1] if request.device == "cpu" else sorted(set(request.gpu_counts))
     options: list[TpPlan] = []
+    tried: list[tuple[TpPlan, Runtime, int, bool]] = []
     for tp in counts:
         runtime = Runtime(
             device=request.device,
@@ -838,6 +867,7 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
                 min_gpu_memory_utilization=min_util,
             )
         )
+        tried.append((options[-1], runtime, kv_mem, problem is None))
         for note in layout.notes:
             if note not in notes:
                 notes.append(note)
@@ -867,9 +897,35 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
             f"fits on {where}: {best.kv_cache_tokens:,} KV tokens, "
             f"{best.max_concurrency:.2f} sequences of {max_len:,}"
         )
-    else:
+    alternative = None
+    if not best:
         last = options[-1]
         verdict = "does not fit: " + "; ".join(last.reasons)
+        upper = min(max_len, arch.max_position_embeddings or max_len)
+        for option, runtime, kv_mem, tp_ok in reversed(tried):
+            if not tp_ok or kv_mem <= 0:
+                continue
+            length = longest_fitting_len(arch, runtime, kv_mem, request.concurrency, upper)
+            if length:
+                alternative = Recommendation(
+                    tensor_parallel_size=option.tensor_parallel_size,
+                    max_model_len=length,
+                    max_num_seqs=request.concurrency,
+                    gpu_memory_utilization=request.gpu_memory_utilization
+                    if request.device == "gpu"
+                    else None,
+                    cpu_kvcache_space_gib=request.cpu_kvcache_space_gib
+                    if request.device == "cpu"
+                    else None,
+                )
+                verdict += (
+                    f"; at tensor_parallel_size {option.tensor_parallel_size} a max_model_len "
+                    f"of {length:,} holds {request.concurrency} sequence(s)"
+                )
+            util = option.min_gpu_memory_utilization
+            if util is not None and request.gpu_memory_utilization < util <= 0.95:
+                verdict += f"; or gpu_memory_utilization {util:.2f} holds them at {max_len:,}"
+            break
     return Plan(
         model=model,
         arch=arch,
@@ -882,6 +938,7 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
         fits=best is not None,
         verdict=verdict,
         recommendation=recommendation,
+        alternative=alternative,
         notes=notes,
     )
 
@@ -921,6 +978,7 @@ def format_plan(p: Plan) -> str:
         "block",
         "KV tokens",
         "max conc.",
+        "min util",
         "fits",
     ]
     rows = [
@@ -934,6 +992,7 @@ def format_plan(p: Plan) -> str:
             o.block_size,
             f"{o.kv_cache_tokens:,}",
             f"{o.max_concurrency:,.2f}",
+            "-" if o.min_gpu_memory_utilization is None else f"{o.min_gpu_memory_utilization:.2f}",
             "yes" if o.fits else "no: " + "; ".join(o.reasons),
         ]
         for o in p.options
@@ -954,6 +1013,12 @@ def format_plan(p: Plan) -> str:
         lines.append(
             f"recommended: --tensor-parallel-size {r.tensor_parallel_size} --max-model-len "
             f"{r.max_model_len} --max-num-seqs {r.max_num_seqs}{extra}"
+        )
+    if p.alternative:
+        r = p.alternative
+        lines.append(
+            f"would fit: --tensor-parallel-size {r.tensor_parallel_size} --max-model-len "
+            f"{r.max_model_len} --max-num-seqs {r.max_num_seqs}"
         )
     lines.extend(f"note: {n}" for n in p.notes)
     return "\n".join(lines)

@@ -428,3 +428,23 @@ def test_request_for_serving_reads_the_flags_vllm_gets():
     assert (r.gpu_counts, r.gpu_memory_utilization, r.enable_prefix_caching) == ([2], 0.85, False)
     with pytest.raises(Exception, match="not resolved"):
         request_for_serving(ServingConfig(), device="cpu")  # dtype 'fastest'
+
+
+def test_a_plan_that_does_not_fit_says_which_length_would():
+    arch = parse_config(PAPER["Qwen/Qwen3.5-397B-A17B"])
+    request = PlanRequest(max_model_len=32768, concurrency=50, gpu_counts=[8])
+    p = plan(arch, estimate_weights(arch, "fp8"), request)
+    assert not p.fits and p.alternative is not None
+    length = p.alternative.max_model_len
+    assert p.alternative.tensor_parallel_size == 8 and length < 32768
+    assert f"a max_model_len of {length:,} holds 50" in p.verdict
+    # the boundary is exact: one token more and 50 sequences no longer fit
+    at = plan(
+        arch, estimate_weights(arch, "fp8"), request.model_copy(update={"max_model_len": length})
+    )
+    over = plan(
+        arch,
+        estimate_weights(arch, "fp8"),
+        request.model_copy(update={"max_model_len": length + 1}),
+    )
+    assert at.fits and not over.fits
