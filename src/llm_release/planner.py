@@ -290,7 +290,9 @@ class Runtime(Record):
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     block_size: int | None = Field(None, description="None: vLLM's default (GPU 16, CPU 128)")
     max_num_batched_tokens: int | None = Field(
-        None, description="None: vLLM's API-server default (GPU ≥70 GiB: 8192; CPU: 2048 × TP)"
+        None,
+        description="None: vLLM's API-server default (GPU ≥160 GiB: 16384, ≥70 GiB: 8192, "
+        "else 2048; CPU: 2048 × TP)",
     )
     enable_prefix_caching: bool = True
     gpu_memory_gib: float = 80.0
@@ -313,7 +315,9 @@ def default_batched_tokens(runtime: Runtime) -> int:
         return runtime.max_num_batched_tokens
     if runtime.device == "cpu":
         return 2048 * runtime.tensor_parallel_size  # arg_utils.get_batch_defaults, CPU
-    return 8192 if runtime.gpu_memory_gib >= 70 else 2048
+    if runtime.gpu_memory_gib >= 160:  # B200-class: arg_utils.get_batch_defaults
+        return 16384
+    return 8192 if runtime.gpu_memory_gib >= 70 else 2048  # (an A100-80GB gets 2048)
 
 
 def attn_bytes_per_token_layer(arch: ModelArch, runtime: Runtime) -> int:
