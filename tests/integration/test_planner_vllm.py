@@ -229,3 +229,38 @@ def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
         assert report.attention_block_size == predicted.block_size, line
     assert abs(check.tokens_error) <= 0.01, line
     assert abs(check.concurrency_error) <= 0.01, line
+
+
+def test_plan_of_smollm2_on_the_local_hub_prints_in_under_5_s(smollm2_dir, tmp_path):
+    """The issue's bar: `llm-release plan HuggingFaceTB/SmolLM2-135M-Instruct --endpoint …`
+    prints its table in under 5 s, as a fresh process, reading only the shard headers."""
+    import subprocess
+    import sys
+    import time
+
+    from llm_release.demo_model import DEMO_REPO_ID
+    from llm_release.hub_server import HubServer, publish_repo
+
+    root = tmp_path / "hub"
+    commit = publish_repo(root, DEMO_REPO_ID, smollm2_dir)
+    with HubServer(root) as hub:
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "llm_release.cli", "plan", DEMO_REPO_ID, "--endpoint", hub.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        seconds = time.monotonic() - started
+        counted = dict(hub.counter.max_end)
+    print(json.dumps({"plan_seconds": round(seconds, 2)}))
+    assert done.returncode == 0, done.stderr
+    assert "recommended: --tensor-parallel-size 1" in done.stdout
+    assert seconds < 5
+    snapshot = root / DEMO_REPO_ID / "commits" / commit
+    shards = sorted(snapshot.glob("*.safetensors"))
+    assert len(shards) == 3
+    for shard in shards:
+        header_end = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
+        assert counted[shard.name] == header_end < shard.stat().st_size
