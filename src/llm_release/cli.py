@@ -201,6 +201,51 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Size a model folder or a hub repo (headers only) for vLLM; logic in planner."""
+    from . import hub_headers, planner
+    from .errors import ConfigError
+
+    local = Path(args.model).expanduser()
+    if local.is_dir():
+        files = hub_headers.read_local(local)
+    elif args.model.startswith(("/", ".", "~")) or args.model.count("/") != 1:
+        raise ConfigError(
+            f"{args.model} is neither a model folder nor an 'owner/name' repo id",
+            hint="pass an existing folder with config.json, or a repo id with --endpoint",
+        )
+    else:
+        files = hub_headers.read_hub(args.model, revision=args.revision, endpoint=args.endpoint)
+    try:
+        gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
+    except ValueError as exc:
+        raise ConfigError(f"--gpus {args.gpus!r} is not a comma-separated list of counts") from exc
+    request = planner.PlanRequest(
+        device="cpu" if args.cpu_kvcache_gib else "gpu",
+        gpu_memory_gib=args.gpu_memory_gib,
+        gpu_counts=gpus or [1],
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        cpu_kvcache_space_gib=args.cpu_kvcache_gib or 1,
+        max_model_len=args.max_model_len,
+        concurrency=args.concurrency,
+        kv_cache_dtype=args.kv_cache_dtype,
+        dtype=args.dtype,
+        mamba_ssm_dtype=planner.cpu_ssm_dtype_for_host() if args.cpu_kvcache_gib else "auto",
+    )
+    result = planner.plan(
+        planner.parse_config(files.config),
+        planner.weights_from_tensors(files.tensors),
+        request,
+        model=args.model,
+    )
+    if args.json:
+        print(result.model_dump_json(indent=2))
+    else:
+        print(planner.format_plan(result))
+        print(f"read: {files.bytes_read:,} bytes ({len(files.shards)} shard headers)")
+    return 0 if result.fits else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm-release", description=__doc__)
     parser.add_argument(
@@ -252,6 +297,26 @@ def build_parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="re-check a downloaded model against its manifest")
     verify.add_argument("directory")
     verify.set_defaults(func=cmd_verify)
+
+    plan = sub.add_parser("plan", help="size a model for vLLM before serving it")
+    plan.add_argument("model", help="a model folder, or a repo id read from --endpoint")
+    plan.add_argument("--endpoint", help="hub endpoint (default: HF_ENDPOINT or the hub)")
+    plan.add_argument("--revision", default="main")
+    plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU")
+    plan.add_argument("--gpus", default="1,2,4,8", help="tensor-parallel sizes to try")
+    plan.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    plan.add_argument("--cpu-kvcache-gib", type=int, help="plan for vLLM CPU with this KV space")
+    plan.add_argument("--max-model-len", type=int, help="default: the model's maximum")
+    plan.add_argument("--concurrency", type=int, default=1, help="sequences at max-model-len")
+    plan.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
+    plan.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        default="auto",
+        help="the served dtype (vLLM --dtype); KV 'auto' follows it",
+    )
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=cmd_plan)
 
     down = sub.add_parser("down", help="stop every server the project started")
     down.set_defaults(func=cmd_down)

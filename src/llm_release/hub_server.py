@@ -341,9 +341,32 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     def _stream(self, file_path: Path, offset: int, length: int) -> None:
         with file_path.open("rb") as fh:
             try:
-                self.connection.sendfile(fh, offset=offset, count=length)
+                sent = self.connection.sendfile(fh, offset=offset, count=length)
             except (BrokenPipeError, ConnectionResetError):
-                pass
+                sent = 0
+        counter = getattr(self, "counter", None)
+        if counter is not None:
+            counter.add(file_path.name, offset, sent)
+
+
+class ByteCounter:
+    """Body bytes the hub sent, per file name, and the furthest offset reached in each:
+    what a test asserts to prove that a client read headers only."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.bytes: dict[str, int] = {}
+        self.max_end: dict[str, int] = {}
+
+    def add(self, name: str, offset: int, sent: int) -> None:
+        with self._lock:
+            self.bytes[name] = self.bytes.get(name, 0) + sent
+            self.max_end[name] = max(self.max_end.get(name, 0), offset + sent)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes.clear()
+            self.max_end.clear()
 
 
 def make_server(
@@ -352,8 +375,9 @@ def make_server(
     port: int = 0,
     *,
     handler: type[HubRequestHandler] = HubRequestHandler,
+    counter: ByteCounter | None = None,
 ) -> ThreadingHTTPServer:
-    handler = type("BoundHubHandler", (handler,), {"root": Path(root)})
+    handler = type("BoundHubHandler", (handler,), {"root": Path(root), "counter": counter})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
@@ -363,7 +387,8 @@ class HubServer:
     """Context manager running the hub endpoint in a background thread (tests, demo)."""
 
     def __init__(self, root: Path, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._server = make_server(root, host, port)
+        self.counter = ByteCounter()
+        self._server = make_server(root, host, port, counter=self.counter)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     @property

@@ -1,0 +1,109 @@
+"""vLLM's own account of its KV cache, read from a server log, to check the planner.
+
+vLLM 0.32 logs, once per engine (``vllm/v1/core/kv_cache_utils.py`` update_kv_cache_capacity):
+
+    CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 1,024 tokens per request: 2048.00x
+
+(``GPU`` on CUDA, ``GPU + host`` with HiSparse), and the memory it gave the cache:
+``Available KV cache memory: 61.2 GiB`` (GPU worker) or ``Explicitly set (1.0/23.54) GiB for
+KV cache`` / ``Auto set (…/…) GiB for KV cache`` (CPU worker). A hybrid model also logs
+``Setting attention block size to N tokens``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_NUM = r"[\d,]+"
+KV_SIZE = re.compile(
+    rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_NUM}) tokens, "
+    rf"Maximum concurrency for (?P<len>{_NUM}) tokens per request: (?P<conc>[\d.,]+)x"
+)
+GPU_KV_MEMORY = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
+CPU_KV_MEMORY = re.compile(
+    r"(?:Explicitly|Auto) set \((?P<gib>[\d.]+)/(?P<total>[\d.]+)\) GiB for KV cache"
+)
+BLOCK_SIZE = re.compile(r"Setting attention block size to (?P<n>\d+) tokens")
+VERSION = re.compile(r"Initializing a V1 LLM engine \(v(?P<v>[^)]+)\)")
+WEIGHTS = re.compile(r"Model loading took (?P<gib>[\d.]+) GiB")
+
+
+class VllmKvReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(description="CPU, GPU, or 'GPU + host'")
+    kv_cache_tokens: int
+    max_model_len: int
+    max_concurrency: float
+    kv_memory_gib: float | None = Field(None, description="memory vLLM gave the KV cache")
+    attention_block_size: int | None = Field(None, description="raised for hybrid models")
+    weights_gib: float | None = None
+    vllm_version: str | None = None
+
+
+def _int(text: str) -> int:
+    return int(text.replace(",", ""))
+
+
+def parse_vllm_kv_report(log_text: str) -> VllmKvReport | None:
+    """The last engine start's KV report in ``log_text``, or None if it has none yet."""
+    sizes = list(KV_SIZE.finditer(log_text))
+    if not sizes:
+        return None
+    last = sizes[-1]
+    # the memory and version lines come before the capacity line of the same start
+    before = log_text[: last.start()]
+
+    def last_match(pattern: re.Pattern[str]) -> re.Match[str] | None:
+        found = list(pattern.finditer(before))
+        return found[-1] if found else None
+
+    memory = last_match(GPU_KV_MEMORY) or last_match(CPU_KV_MEMORY)
+    block = last_match(BLOCK_SIZE)
+    version = last_match(VERSION)
+    weights = last_match(WEIGHTS)
+    return VllmKvReport(
+        device=last.group("device"),
+        kv_cache_tokens=_int(last.group("tokens")),
+        max_model_len=_int(last.group("len")),
+        max_concurrency=float(last.group("conc").replace(",", "")),
+        kv_memory_gib=float(memory.group("gib")) if memory else None,
+        attention_block_size=int(block.group("n")) if block else None,
+        weights_gib=float(weights.group("gib")) if weights else None,
+        vllm_version=version.group("v") if version else None,
+    )
+
+
+def relative_error(predicted: float, reported: float) -> float:
+    """(predicted − reported) / reported: positive when the planner promises too much."""
+    return (predicted - reported) / reported if reported else float("inf")
+
+
+class KvCheck(BaseModel):
+    """The planner next to vLLM for one served candidate: what a report shows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    planner_kv_cache_tokens: int
+    vllm_kv_cache_tokens: int
+    tokens_error: float = Field(description="(planner − vLLM) / vLLM")
+    planner_max_concurrency: float
+    vllm_max_concurrency: float
+    concurrency_error: float
+    max_model_len: int
+    vllm_version: str | None = None
+
+
+def check_plan(planner_tokens: int, planner_concurrency: float, report: VllmKvReport) -> KvCheck:
+    return KvCheck(
+        planner_kv_cache_tokens=planner_tokens,
+        vllm_kv_cache_tokens=report.kv_cache_tokens,
+        tokens_error=relative_error(planner_tokens, report.kv_cache_tokens),
+        planner_max_concurrency=planner_concurrency,
+        vllm_max_concurrency=report.max_concurrency,
+        concurrency_error=relative_error(planner_concurrency, report.max_concurrency),
+        max_model_len=report.max_model_len,
+        vllm_version=report.vllm_version,
+    )
