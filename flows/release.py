@@ -28,6 +28,7 @@ from llm_release.report import render_markdown
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner
+from tasks.plan import plan_serving
 from tasks.probe import probe_host
 from tasks.promote import promote_release
 from tasks.quantize import build_contender
@@ -71,8 +72,13 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     def timed(stage: str, started: float) -> None:
         seconds[stage] = round(time.monotonic() - started, 1)
 
+    source, token = hub_access(config.source)
     mark = time.monotonic()
-    acquired = acquire_model(*hub_access(config.source))
+    sizing = plan_serving(config.model_copy(update={"source": source}), token)
+    timed("plan", mark)
+
+    mark = time.monotonic()
+    acquired = acquire_model(source, token)
     timed("acquire", mark)
 
     mark = time.monotonic()
@@ -141,15 +147,16 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
 
     verdict = "deployed" if deployment else ("review rejected" if decision.reviewed else "rejected")
     decisions.record(config, acquired.commit, verdict, decision.summary, run_id)
-    source = {
+    origin = {
         "repo_id": acquired.repo_id,
         "revision": config.source.revision,
         "commit": acquired.commit,
     }
     markdown = render_markdown(
         title=f"Release {run_id}: {acquired.repo_id}",
-        source=source,
+        source=origin,
         host=host,
+        plan=sizing,
         results=results,
         decision=decision,
         stage_seconds=seconds,
@@ -157,7 +164,8 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     )
     payload = {
         "run_id": run_id,
-        "source": source,
+        "source": origin,
+        "plan": sizing.model_dump(mode="json") if sizing else None,
         "config": config.model_dump(mode="json"),
         "host": host.model_dump(mode="json"),
         "results": [r.model_dump(mode="json") for r in results],

@@ -10,10 +10,12 @@ from pathlib import Path
 
 from .config import EvalConfig, LoadProfile, ServingConfig
 from .evaluate import run_evaluation
+from .hardware import detect
 from .loadtest import run_load_test
 from .quantize import dir_size
 from .results import CandidateResult
 from .serve import VllmServer
+from .sizing import kv_check
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,15 @@ def measure(
         with server:
             seconds["serve_start"] = time.monotonic() - started
             log.info("%s: healthy at %s after %.0fs", name, server.base_url, seconds["serve_start"])
+            result.kv_check = kv_check(model_dir, server.serving, detect(), server.log_text())
+            if result.kv_check:
+                log.info(
+                    "%s: KV-cache tokens planner %d, vLLM %d (%+.2f%%)",
+                    name,
+                    result.kv_check.planner_kv_cache_tokens,
+                    result.kv_check.vllm_kv_cache_tokens,
+                    100 * result.kv_check.tokens_error,
+                )
             with _server_watch(server, "evaluation"):
                 mark = time.monotonic()
                 result.evals = run_evaluation(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from .config import BASELINE
 from .fileio import atomic_write_text
+from .planner import Plan
 from .probe import ServingPlan
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
 from .select import paired
@@ -61,6 +62,30 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
             }
         )
     return rows
+
+
+def sizing_section(plan: Plan | None, results: list[CandidateResult]) -> list[str]:
+    """The planner before the download, and the planner next to vLLM for every server."""
+    checks = [r for r in results if r.kv_check]
+    if plan is None and not checks:
+        return []
+    lines = ["## Sizing", ""]
+    if plan is not None:
+        lines += [f"- **Plan (from the repo's headers, before the download):** {plan.verdict}", ""]
+    if checks:
+        lines += [
+            "| candidate | KV-cache tokens: planner | vLLM | error | max concurrency: planner | vLLM |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in checks:
+            k = r.kv_check
+            lines.append(
+                f"| {r.name} | {k.planner_kv_cache_tokens:,} | {k.vllm_kv_cache_tokens:,} | "
+                f"{k.tokens_error:+.2%} | {k.planner_max_concurrency:.2f} | "
+                f"{k.vllm_max_concurrency:.2f} |"
+            )
+        lines.append("")
+    return lines
 
 
 def host_section(host: ServingPlan) -> list[str]:
@@ -200,6 +225,7 @@ def render_markdown(
     title: str,
     source: dict,
     host: ServingPlan | None = None,
+    plan: Plan | None = None,
     results: list[CandidateResult],
     decision: Decision,
     stage_seconds: dict[str, float],
@@ -214,6 +240,7 @@ def render_markdown(
     ]
     if host is not None:
         lines += host_section(host)
+    lines += sizing_section(plan, results)
     rows = candidate_rows(results, decision)
     if rows:
         headers = list(dict.fromkeys(k for row in rows for k in row))

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .vllm_report import KvCheck
+
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -83,6 +85,9 @@ class CandidateResult(Record):
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     evals: list[EvalResult] = Field(default_factory=list)
     load: LoadResult | None = None
+    kv_check: KvCheck | None = Field(
+        None, description="the planner's KV-cache figures next to what vLLM reported at start"
+    )
 
 
 Outcome = Literal["pass", "fail", "inconclusive"]

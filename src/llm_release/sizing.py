@@ -1,0 +1,108 @@
+"""Sizing in the release: the planner before any download, and vLLM's own numbers after
+every start, side by side.
+
+Before the download, the repo's config and shard headers (range requests, no weights) are
+planned for the release's serving settings on this host; a setting that cannot hold one
+sequence of ``max_model_len`` (what vLLM itself refuses at start) stops the release with
+the planner's verdict, which names the number that breaks. After each server starts, the
+planner's KV-cache tokens and maximum concurrency for that candidate's own folder are
+recorded next to what vLLM logged (``vllm_report``), so every report shows the error.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from . import hub_headers, planner
+from .config import ReleaseConfig, ServingConfig
+from .errors import ConfigError, ReleaseError
+from .hardware import Hardware
+from .probe import choose_dtype, runtime_info
+from .vllm_report import KvCheck, check_plan, parse_vllm_kv_report
+
+log = logging.getLogger(__name__)
+
+
+def _gpu_memory_gib() -> float:
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30
+
+
+def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.PlanRequest:
+    return planner.request_for_serving(
+        serving,
+        device="gpu" if host.cuda else "cpu",
+        gpu_memory_gib=_gpu_memory_gib() if host.cuda else 80.0,
+        dtype=dtype,
+    )
+
+
+def _served_dtype(serving: ServingConfig, host: Hardware, config: dict) -> str:
+    if serving.dtype != "fastest":
+        return serving.dtype
+    text = config.get("text_config") or config
+    hidden = int(text.get("hidden_size") or 1024)
+    runtime = runtime_info(host, hidden, int(text.get("intermediate_size") or hidden * 4))
+    return choose_dtype(serving.dtype, host, runtime)[0]
+
+
+def plan_release(
+    config: ReleaseConfig, host: Hardware, files: hub_headers.ModelFiles
+) -> planner.Plan:
+    """The plan for the release's serving settings; raises when one sequence cannot fit."""
+    dtype = _served_dtype(config.serving, host, files.config)
+    result = planner.plan(
+        planner.parse_config(files.config),
+        planner.weights_from_tensors(files.tensors),
+        _request(config.serving, host, dtype),
+        model=config.source.repo_id,
+    )
+    if not result.fits:
+        raise ConfigError(
+            f"the serving settings cannot fit {config.source.repo_id} on this host: {result.verdict}",
+            hint="change serving.max_model_len, serving.cpu_kvcache_space_gib or "
+            "gpu_memory_utilization as the plan suggests ('llm-release plan' shows the table)",
+        )
+    return result
+
+
+def read_release_model(
+    config: ReleaseConfig, token: str | None = None
+) -> hub_headers.ModelFiles | None:
+    """Config and shard headers of the release's model without its weights; None where the
+    source cannot be read that way (ModelScope)."""
+    source = config.source
+    if source.hub == "local":
+        return hub_headers.read_local(Path(source.local_path or ""))
+    if source.hub == "modelscope":
+        return None
+    del token  # huggingface_hub's own headers carry the configured token to its endpoint
+    return hub_headers.read_hub(source.repo_id, revision=source.revision, endpoint=source.endpoint)
+
+
+def kv_check(
+    model_dir: Path, serving: ServingConfig, host: Hardware, log_text: str
+) -> KvCheck | None:
+    """The planner for this folder and settings next to what vLLM reported at start."""
+    report = parse_vllm_kv_report(log_text)
+    if report is None:
+        return None
+    try:
+        files = hub_headers.read_local(Path(model_dir))
+        dtype = (
+            serving.dtype
+            if serving.dtype != "fastest"
+            else _served_dtype(serving, host, files.config)
+        )
+        result = planner.plan(
+            planner.parse_config(files.config),
+            planner.weights_from_tensors(files.tensors),
+            _request(serving, host, dtype),
+        )
+    except (ReleaseError, ValueError, KeyError) as exc:
+        log.warning("no planner figure for %s: %s", model_dir, exc)
+        return None
+    option = result.options[0]
+    return check_plan(option.kv_cache_tokens, option.max_concurrency, report)
