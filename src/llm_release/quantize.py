@@ -160,8 +160,8 @@ def gpu_memory_bytes() -> int | None:
     if not torch.cuda.is_available():
         return None
     total = torch.cuda.get_device_properties(0).total_memory
-    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(0)
-    return int(total * fraction)
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return int(total * (getter(0) if getter else 1.0))
 
 
 def choose_path(scheme: str, size: int, gpu_bytes: int | None) -> tuple[str, str]:
