@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from . import hardware, paths
+from . import hardware, paths, recipes
 from .config import CandidateConfig
 from .errors import ConfigError, QuantizeError
 from .fileio import atomic_write_json, sha256_file
@@ -33,6 +33,23 @@ class Quantized:
     seconds: float
     device: str
     compute_dtype: str = "auto"
+    path: str = "in-memory"
+
+
+# Quantization paths. IN_MEMORY loads the whole model on the device (GPU if any, else CPU).
+# A model that does not fit the GPU takes MODEL_FREE (FP8 dynamic: shard by shard, no model
+# load) or SEQUENTIAL_OFFLOAD (AWQ: model in CPU memory, one decoder layer on the GPU at a
+# time). Measured on the H200 through this stage (docs/gpu-proof-2026-11-30.jsonl, issue 11):
+# peak GPU memory was 0.94x the model's size for FP8 in memory and 1.53x for AWQ.
+IN_MEMORY = "in-memory"
+MODEL_FREE = "model-free"
+SEQUENTIAL_OFFLOAD = "sequential-offload"
+PATHS = (IN_MEMORY, MODEL_FREE, SEQUENTIAL_OFFLOAD)
+# The largest of the measured ratios: FP8 0.94 (10.5 GB) and 1.01 (41 GB model,
+# docs/gpu-scale-2026-11-30.jsonl); AWQ 1.53 (10.5 GB, 64 x 512) and 1.10 (41 GB, 16 x 512).
+PEAK_PER_MODEL_BYTE = {"FP8_DYNAMIC": 1.02, "W4A16_AWQ": 1.53}
+# Room left for the CUDA context, allocator fragmentation and calibration activations.
+GPU_HEADROOM = 0.9
 
 
 def calibration_path(name: str) -> Path:
@@ -73,8 +90,12 @@ def _model_fingerprint(model_dir: Path) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def cache_key(model_dir: Path, candidate: CandidateConfig, compute_dtype: str = "auto") -> str:
+def cache_key(
+    model_dir: Path, candidate: CandidateConfig, compute_dtype: str = "auto", path: str = IN_MEMORY
+) -> str:
     parts = {
+        # 2: the ignore list, AWQ mappings and group check are derived from the config.
+        "recipe_version": 2,
         "model": _model_fingerprint(model_dir),
         "recipe": candidate.model_dump(exclude={"name", "extra_serving_args"}),
         "llmcompressor": version("llmcompressor"),
@@ -85,24 +106,23 @@ def cache_key(model_dir: Path, candidate: CandidateConfig, compute_dtype: str = 
     if compute_dtype != "auto":
         # Calibrating in float32 gives (slightly) different scales than in bf16.
         parts["compute_dtype"] = compute_dtype
+    if path != IN_MEMORY:
+        # Another path, another program: its bytes are compared, not assumed (issue 11).
+        parts["path"] = path
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def build_recipe(candidate: CandidateConfig, hidden_size: int, intermediate_size: int):
+def build_recipe(candidate: CandidateConfig, plan: recipes.RecipePlan):
+    """The llm-compressor recipe for ``candidate`` on the model ``plan`` describes (see
+    recipes.py: the ignore list, the group-size check and AWQ's mappings come from the
+    model's config)."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
+    ignore = plan.ignore_patterns
     if candidate.scheme == "FP8_DYNAMIC":
-        return [
-            QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=candidate.ignore)
-        ]
-    for width in (hidden_size, intermediate_size):
-        if width % candidate.group_size:
-            raise ConfigError(
-                f"W4A16 group size {candidate.group_size} does not divide layer width {width}",
-                hint="choose a group size that divides every Linear input width (e.g. 64 for "
-                "SmolLM2's 576), or add the layer to 'ignore'",
-            )
+        return [QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=ignore)]
+    recipes.check_group_size(plan, candidate.group_size)
     from llmcompressor.modifiers.transform.awq import AWQModifier
 
     scheme = QuantizationScheme(
@@ -115,10 +135,54 @@ def build_recipe(candidate: CandidateConfig, hidden_size: int, intermediate_size
             group_size=candidate.group_size,
         ),
     )
+    mappings = recipes.awq_mappings(plan)
     return [
-        AWQModifier(),
-        QuantizationModifier(config_groups={"group_0": scheme}, ignore=candidate.ignore),
+        AWQModifier(mappings=mappings) if mappings else AWQModifier(),
+        QuantizationModifier(config_groups={"group_0": scheme}, ignore=ignore),
     ]
+
+
+def model_bytes(model_dir: Path) -> int:
+    """The weights' size from the safetensors headers (the index's total_size when present);
+    no tensor is read."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if index.exists():
+        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+        if total:
+            return int(total)
+    return dir_size(model_dir)
+
+
+def gpu_memory_bytes() -> int | None:
+    """What this process may allocate on GPU 0: its total memory times the per-process
+    fraction (``torch.cuda.set_per_process_memory_fraction``), or None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    total = torch.cuda.get_device_properties(0).total_memory
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return int(total * (getter(0) if getter else 1.0))
+
+
+def choose_path(scheme: str, size: int, gpu_bytes: int | None) -> tuple[str, str]:
+    """(path, reason): in memory when the model fits the GPU (or there is no GPU: CPU memory
+    is the host's), else shard by shard (FP8) or layer by layer with CPU offload (AWQ)."""
+    if gpu_bytes is None:
+        return IN_MEMORY, "no GPU: the model is quantized in CPU memory"
+    need = size * PEAK_PER_MODEL_BYTE[scheme]
+    gib = 2**30
+    figures = (
+        f"model {size / gib:.1f} GiB x {PEAK_PER_MODEL_BYTE[scheme]} (measured peak per "
+        f"model byte, {scheme}) = {need / gib:.1f} GiB against {GPU_HEADROOM} x "
+        f"{gpu_bytes / gib:.1f} GiB of GPU"
+    )
+    if need <= GPU_HEADROOM * gpu_bytes:
+        return IN_MEMORY, f"fits the GPU: {figures}"
+    if scheme == "FP8_DYNAMIC":
+        return MODEL_FREE, f"does not fit the GPU: {figures}; FP8 dynamic shard by shard"
+    return SEQUENTIAL_OFFLOAD, f"does not fit the GPU: {figures}; AWQ layer by layer, CPU offload"
 
 
 def _allow_cpu_calibration() -> None:
@@ -153,15 +217,30 @@ def quantize(
     out_root: Path | None = None,
     *,
     host: hardware.Hardware | None = None,
+    path: str | None = None,
 ) -> Quantized:
     """``host`` decides the device and the dtype of the math: the checkpoint's own dtype on a
     GPU or a CPU with native bf16, float32 on a CPU without (see ``hardware.compute_dtype``).
-    The artifact is saved in the checkpoint's dtype either way."""
+    The artifact is saved in the checkpoint's dtype either way. ``path`` (one of PATHS)
+    overrides the choice ``choose_path`` makes from the model's size and the GPU's memory."""
     model_dir = Path(model_dir)
     host = host or hardware.detect()
     compute_dtype = hardware.compute_dtype(host)
+    plan = recipes.plan_for_model(model_dir, candidate.ignore)
+    size = model_bytes(model_dir)
+    if path is None:
+        path, why = choose_path(candidate.scheme, size, gpu_memory_bytes())
+    elif path not in PATHS:
+        raise ConfigError(f"unknown quantization path {path!r}", hint=f"one of {PATHS}")
+    elif path == MODEL_FREE and candidate.scheme != "FP8_DYNAMIC":
+        raise ConfigError(
+            f"path {MODEL_FREE!r} is for FP8_DYNAMIC only (it has no calibration)",
+            hint=f"use {SEQUENTIAL_OFFLOAD!r} for {candidate.scheme}",
+        )
+    else:
+        why = "chosen by the caller"
     out_root = Path(out_root) if out_root else paths.home() / "candidates"
-    key = cache_key(model_dir, candidate, compute_dtype)
+    key = cache_key(model_dir, candidate, compute_dtype, path)
     out_dir = out_root / f"{candidate.name}-{key[:16]}"
     record_path = out_dir / RECORD
     if record_path.exists():
@@ -174,50 +253,19 @@ def quantize(
             0.0,
             record.get("device", "?"),
             record.get("compute_dtype", "auto"),
+            record.get("path", IN_MEMORY),
         )
 
     import torch
-    from datasets import Dataset
-    from llmcompressor import oneshot
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _allow_cpu_calibration()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    started = time.monotonic()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir,
-        dtype=torch.float32 if compute_dtype == "float32" else "auto",
-        device_map=device if device == "cuda" else None,
-    )
-    config = model.config
-    saved_dtype = _checkpoint_dtype(model_dir, torch)
-    recipe = build_recipe(candidate, config.hidden_size, config.intermediate_size)
-    kwargs = {}
-    if candidate.scheme == "W4A16_AWQ":
-        texts = load_calibration_texts(candidate.calibration_set)
-        kwargs = {
-            "dataset": Dataset.from_dict({"text": texts}),
-            "num_calibration_samples": min(candidate.num_calibration_samples, len(texts)),
-            "max_seq_length": candidate.max_seq_length,
-            "shuffle_calibration_samples": False,
-        }
-    try:
-        oneshot(model=model, processor=tokenizer, recipe=recipe, **kwargs)
-    except Exception as exc:
-        raise QuantizeError(
-            f"llm-compressor failed for {candidate.name} ({candidate.scheme}): "
-            f"{type(exc).__name__}: {exc}",
-        ) from exc
     staging = out_root / f".{out_dir.name}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
-    if saved_dtype is not None and compute_dtype == "float32":
-        # Back to the checkpoint's dtype: the unquantized layers (embeddings, norms, lm_head)
-        # and the scales are then stored as a bf16 run stores them, at half the float32 size.
-        model.to(saved_dtype)
-        model.config.dtype = saved_dtype
-    model.save_pretrained(staging, save_compressed=True)
-    tokenizer.save_pretrained(staging)
+    started = time.monotonic()
+    if path == MODEL_FREE:
+        _model_free(model_dir, staging, candidate, plan, device)
+    else:
+        _oneshot(model_dir, staging, candidate, plan, compute_dtype, device, path)
     for extra in ("generation_config.json", "chat_template.jinja"):
         if (model_dir / extra).exists() and not (staging / extra).exists():
             shutil.copy2(model_dir / extra, staging / extra)
@@ -229,8 +277,20 @@ def quantize(
             "candidate": candidate.model_dump(),
             "cache_key": key,
             "source_model": str(model_dir),
+            "source_bytes": size,
             "device": device,
             "compute_dtype": compute_dtype,
+            "path": path,
+            "path_reason": why,
+            "architecture": plan.architecture,
+            "moe": plan.moe,
+            "num_experts": plan.num_experts,
+            "hybrid_attention": plan.hybrid,
+            "awq_mappings": recipes.mappings_source(plan)
+            if candidate.scheme == "W4A16_AWQ"
+            else None,
+            "input_widths": plan.input_widths,
+            "layers": recipes.layer_report(staging, plan),
             "host": host.describe(),
             "seconds": round(seconds, 2),
             "llmcompressor": version("llmcompressor"),
@@ -238,7 +298,77 @@ def quantize(
     )
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
-    return Quantized(candidate.name, out_dir, key, False, seconds, device, compute_dtype)
+    return Quantized(candidate.name, out_dir, key, False, seconds, device, compute_dtype, path)
+
+
+def _model_free(model_dir: Path, staging: Path, candidate, plan, device: str) -> None:
+    """FP8 dynamic needs no calibration: each safetensors shard is read, quantized on the
+    device and written, so the peak memory is a shard, not the model (issue 11: a 10.5 GB
+    model at 1.44 GB peak on the H200)."""
+    from llmcompressor.entrypoints.model_free import model_free_ptq
+
+    try:
+        model_free_ptq(
+            model_dir,
+            staging,
+            scheme="FP8_DYNAMIC",
+            ignore=plan.ignore_patterns,
+            device=device,
+        )
+    except Exception as exc:
+        raise QuantizeError(
+            f"llm-compressor model_free_ptq failed for {candidate.name}: "
+            f"{type(exc).__name__}: {exc}",
+        ) from exc
+    if not (staging / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(staging)
+
+
+def _oneshot(model_dir, staging, candidate, plan, compute_dtype, device, path) -> None:
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _allow_cpu_calibration()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    # SEQUENTIAL_OFFLOAD keeps the model in CPU memory; the sequential pipeline moves one
+    # decoder layer at a time to the GPU and offloads the activations between layers.
+    on_gpu = device == "cuda" and path == IN_MEMORY
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir,
+        dtype=torch.float32 if compute_dtype == "float32" else "auto",
+        device_map="cuda" if on_gpu else None,
+    )
+    saved_dtype = _checkpoint_dtype(model_dir, torch)
+    recipe = build_recipe(candidate, plan)
+    kwargs = {}
+    if candidate.scheme == "W4A16_AWQ":
+        texts = load_calibration_texts(candidate.calibration_set)
+        kwargs = {
+            "dataset": Dataset.from_dict({"text": texts}),
+            "num_calibration_samples": min(candidate.num_calibration_samples, len(texts)),
+            "max_seq_length": candidate.max_seq_length,
+            "shuffle_calibration_samples": False,
+        }
+    if path == SEQUENTIAL_OFFLOAD:
+        kwargs.update(pipeline="sequential", sequential_offload_device="cpu")
+    try:
+        oneshot(model=model, processor=tokenizer, recipe=recipe, **kwargs)
+    except Exception as exc:
+        raise QuantizeError(
+            f"llm-compressor failed for {candidate.name} ({candidate.scheme}): "
+            f"{type(exc).__name__}: {exc}",
+        ) from exc
+    if saved_dtype is not None and compute_dtype == "float32":
+        # Back to the checkpoint's dtype: the unquantized layers (embeddings, norms, lm_head)
+        # and the scales are then stored as a bf16 run stores them, at half the float32 size.
+        model.to(saved_dtype)
+        model.config.dtype = saved_dtype
+    model.save_pretrained(staging, save_compressed=True)
+    tokenizer.save_pretrained(staging)
 
 
 def _checkpoint_dtype(model_dir: Path, torch):
