@@ -6,6 +6,8 @@ import ast
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -18,6 +20,25 @@ from .results import EvalResult, ItemResult, MetricScore
 from .stats import bootstrap_mean_ci
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def _offline() -> Iterator[None]:
+    """lm-eval and datasets offline for the evaluation only: the local JSON data needs no
+    hub, and the setting must not leak into the rest of the process or its children (a
+    later `llm-release plan` of a hub repo would be refused as offline)."""
+    keys = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+    saved = {k: os.environ.get(k) for k in keys}
+    for key in keys:
+        os.environ.setdefault(key, "1")
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def load_decoding(path: Path | None = None) -> dict:
@@ -96,10 +117,6 @@ def run_evaluation(
     limit: int | None = None,
     bootstrap_iters: int = 2000,
 ) -> list[EvalResult]:
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from lm_eval import simple_evaluate
-
     decoding = load_decoding()
     bootstrap_iters = bootstrap_iters or defaults().bootstrap_iters
     sets = [load_eval_set(n) for n in eval_set_names]
@@ -107,22 +124,25 @@ def run_evaluation(
         load_items(eval_set)
     tasks = [task_config(s, decoding) for s in sets]
     try:
-        output = simple_evaluate(
-            model="local-chat-completions",
-            model_args={
-                "model": served_name,
-                "base_url": f"{base_url}/v1/chat/completions",
-                "num_concurrent": num_concurrent,
-                "tokenizer_backend": "none",
-                "max_retries": 3,
-                "timeout": 300,
-            },
-            tasks=tasks,
-            apply_chat_template=True,
-            limit=limit,
-            log_samples=True,
-            bootstrap_iters=0,
-        )
+        with _offline():
+            from lm_eval import simple_evaluate
+
+            output = simple_evaluate(
+                model="local-chat-completions",
+                model_args={
+                    "model": served_name,
+                    "base_url": f"{base_url}/v1/chat/completions",
+                    "num_concurrent": num_concurrent,
+                    "tokenizer_backend": "none",
+                    "max_retries": 3,
+                    "timeout": 300,
+                },
+                tasks=tasks,
+                apply_chat_template=True,
+                limit=limit,
+                log_samples=True,
+                bootstrap_iters=0,
+            )
     except Exception as exc:
         raise EvalError(
             f"lm-evaluation-harness failed against {base_url}: {type(exc).__name__}: {exc}",
