@@ -291,6 +291,21 @@ def probe_scheme(
     return outcome
 
 
+def layer_shape(config: dict) -> tuple[int, int]:
+    """A model's hidden and MLP widths from its config.json (a nested ``text_config`` for
+    multimodal checkpoints): the matmul shape the dtype is measured at."""
+    text = config.get("text_config") or config
+    hidden = int(text.get("hidden_size") or 1024)
+    return hidden, int(text.get("intermediate_size") or hidden * 4)
+
+
+def served_dtype(requested: str, host: Hardware, config: dict) -> str:
+    """``requested``, with ``fastest`` made concrete for this host and runtime (cached)."""
+    if requested != "fastest":
+        return requested
+    return choose_dtype(requested, host, runtime_info(host, *layer_shape(config)))[0]
+
+
 def plan_serving(
     model_dir: Path,
     candidates: list[CandidateConfig],
@@ -301,9 +316,7 @@ def plan_serving(
 ) -> ServingPlan:
     """The served dtype and, per candidate, whether the runtime can serve its scheme here."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    hidden = int(config.get("hidden_size") or 1024)
-    intermediate = int(config.get("intermediate_size") or hidden * 4)
-    runtime = runtime_info(host, hidden, intermediate)
+    runtime = runtime_info(host, *layer_shape(config))
     served, why = choose_dtype(serving.dtype, host, runtime)
     plan = ServingPlan(
         host=host,

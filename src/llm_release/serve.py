@@ -123,14 +123,12 @@ def build_command(
 
 def resolve_dtype(serving: ServingConfig, model_dir: Path) -> ServingConfig:
     """``fastest`` made concrete for this host (measured once per host and runtime)."""
-    from .probe import choose_dtype, runtime_info
+    from .probe import served_dtype
 
-    host = hardware.detect()
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    hidden = int(config.get("hidden_size") or 1024)
-    runtime = runtime_info(host, hidden, int(config.get("intermediate_size") or hidden * 4))
-    dtype, _ = choose_dtype(serving.dtype, host, runtime)
-    return serving.model_copy(update={"dtype": dtype})
+    return serving.model_copy(
+        update={"dtype": served_dtype(serving.dtype, hardware.detect(), config)}
+    )
 
 
 def server_env(serving: ServingConfig) -> dict[str, str]:

@@ -18,7 +18,7 @@ from . import hub_headers, planner
 from .config import ReleaseConfig, ServingConfig
 from .errors import ConfigError, ReleaseError
 from .hardware import Hardware
-from .probe import choose_dtype, runtime_info
+from .probe import served_dtype
 from .vllm_report import KvCheck, check_plan, parse_vllm_kv_report
 
 log = logging.getLogger(__name__)
@@ -39,20 +39,11 @@ def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.Plan
     )
 
 
-def _served_dtype(serving: ServingConfig, host: Hardware, config: dict) -> str:
-    if serving.dtype != "fastest":
-        return serving.dtype
-    text = config.get("text_config") or config
-    hidden = int(text.get("hidden_size") or 1024)
-    runtime = runtime_info(host, hidden, int(text.get("intermediate_size") or hidden * 4))
-    return choose_dtype(serving.dtype, host, runtime)[0]
-
-
 def plan_release(
     config: ReleaseConfig, host: Hardware, files: hub_headers.ModelFiles
 ) -> planner.Plan:
     """The plan for the release's serving settings; raises when one sequence cannot fit."""
-    dtype = _served_dtype(config.serving, host, files.config)
+    dtype = served_dtype(config.serving.dtype, host, files.config)
     result = planner.plan(
         planner.parse_config(files.config),
         planner.weights_from_tensors(files.tensors),
@@ -91,11 +82,7 @@ def kv_check(
         return None
     try:
         files = hub_headers.read_local(Path(model_dir))
-        dtype = (
-            serving.dtype
-            if serving.dtype != "fastest"
-            else _served_dtype(serving, host, files.config)
-        )
+        dtype = served_dtype(serving.dtype, host, files.config)
         result = planner.plan(
             planner.parse_config(files.config),
             planner.weights_from_tensors(files.tensors),
