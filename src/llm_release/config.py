@@ -243,6 +243,73 @@ class Gates(StrictModel):
     max_error_rate: float = Field(0.01, ge=0, le=1)
 
 
+class AnalysisConfig(StrictModel):
+    """Canary analysis: the canary against the stable release over the same window of live
+    traffic, from Prometheus (queries: src/llm_release/canary_queries.yaml). Each check has
+    a tolerance against the stable release and an absolute ceiling; a canary passes only
+    what was measured."""
+
+    window_s: int = Field(
+        60,
+        ge=20,
+        le=3600,
+        description="analysis window in seconds (60 on CPU: about 12 scrapes at 5 s; at least "
+        "4 scrape intervals, or rate() has too few samples)",
+    )
+    min_canary_requests: int = Field(
+        20,
+        ge=1,
+        description="fewer canary requests in the window make it inconclusive: the p95 of "
+        "fewer than 20 requests is just their slowest one",
+    )
+    prometheus_url: str | None = Field(
+        None,
+        description="None: the project's own Prometheus; else the http(s) URL of one that "
+        "scrapes the servers with the labels service, release and role",
+    )
+    query_timeout_s: float = Field(10, gt=0, description="per PromQL query")
+    latency_max_ratio: float = Field(
+        1.25,
+        ge=1,
+        description="TTFT p95 and ITL p95: the canary may be this many times the stable's",
+    )
+    latency_slack_s: float = Field(
+        0.05,
+        ge=0,
+        description="latency differences below this are passed whatever the ratio (at tens of "
+        "ms, histogram buckets make ratios noise)",
+    )
+    ttft_p95_ceiling_s: float | None = Field(
+        None, gt=0, description="None: the release's TTFT SLO (gates.ttft_p95_slo_s)"
+    )
+    itl_p95_ceiling_s: float | None = Field(None, gt=0, description="None: no ceiling")
+    error_share_tolerance: float = Field(
+        0.01, ge=0, le=1, description="the canary's error share may exceed the stable's by this"
+    )
+    error_share_ceiling: float = Field(
+        0.01, ge=0, le=1, description="for HTTP errors and vLLM abort/error alike (as gates)"
+    )
+    queue_tolerance: float = Field(
+        5, ge=0, description="requests waiting: the canary's max may exceed the stable's by this"
+    )
+    queue_ceiling: float = Field(20, ge=0, description="requests waiting, max over the window")
+    kv_cache_tolerance: float = Field(
+        0.1, ge=0, le=1, description="KV-cache usage (0-1): canary max minus stable max"
+    )
+    kv_cache_ceiling: float = Field(0.95, ge=0, le=1, description="KV-cache usage (0-1), max")
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _plain_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            return check_endpoint(value)
+        except ValueError as exc:
+            # check_endpoint speaks of hubs; the rule is the same: a plain http(s) URL.
+            raise ValueError(str(exc).split(";")[0].replace("endpoint", "prometheus_url")) from None
+
+
 class ReviewConfig(StrictModel):
     """A human decides when a gate is inconclusive and its set says ``review``."""
 

@@ -85,3 +85,11 @@ class RouterError(ReleaseError):
 
 class StateError(ReleaseError):
     """The release state is missing or inconsistent with the request."""
+
+
+class MetricsError(ReleaseError):
+    """Prometheus could not be started, reached or configured, or a query failed."""
+
+
+class AlertRulesError(MetricsError):
+    """An alert rule file was rejected by promtool or by Prometheus."""

@@ -51,6 +51,12 @@ def router_dir() -> Path:
     return home() / "router"
 
 
+def prometheus_dir() -> Path:
+    """Prometheus's config, scrape targets, alert rules and TSDB: kept by 'make down', so
+    the next 'make demo' adds to the same history."""
+    return home() / "prometheus"
+
+
 def probes_dir() -> Path:
     """Cached runtime probes (served dtype, scheme support), keyed by host and runtime
     version; shared across runs and, in tests, across test homes."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 import socket
 
-from . import paths
+from . import paths, prometheus
 from .config import ReleaseConfig
-from .errors import ConfigError, RouterError, ServeError
+from .errors import ConfigError, MetricsError, RouterError, ServeError
 from .evalsets import calibration_texts, validate
 from .evaluate import load_decoding
 from .promote import default_router_port, ensure_no_canary, router_for
@@ -50,7 +50,28 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
                     f"the load-balancer port {router_port} is taken by another program",
                     hint="free it or pass a different router_port",
                 ) from exc
+    # The canary is measured by the project's Prometheus, which the deploy starts.
+    if shutil.which("prometheus") is None:
+        raise MetricsError(
+            "prometheus is not installed", hint="run 'make setup' (apt-get install prometheus)"
+        )
+    metrics = prometheus.for_home()
+    if not metrics.running() and not _free(metrics.port):
+        raise MetricsError(
+            f"the Prometheus port {metrics.port} is taken by another program",
+            hint=f"free it or set {prometheus.PORT_ENV} to another port",
+        )
     return champion, service_name
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def check_service(config: ReleaseConfig) -> tuple[Release | None, str]:

@@ -63,8 +63,8 @@ def started_before(pid: int, moment: float) -> bool:
 
 
 def under_home(home: Path) -> list[int]:
-    """Group leaders of this user's vLLM servers and HAProxy whose command line names a
-    path under ``home``: what the project started there, records or not."""
+    """Group leaders of this user's vLLM servers, HAProxy and Prometheus whose command line
+    names a path under ``home``: what the project started there, records or not."""
     home_text = str(Path(home).resolve())
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
@@ -79,6 +79,7 @@ def under_home(home: Path) -> list[int]:
             is_server = VLLM_MARKER in text or (
                 cmdline and Path(cmdline[0]).name == "haproxy" and "-f" in cmdline
             )
+            is_server = is_server or bool(cmdline and Path(cmdline[0]).name == "prometheus")
             if is_server and os.getpgid(proc.pid) == proc.pid:
                 found.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):

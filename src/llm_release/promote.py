@@ -6,6 +6,7 @@ at once), then waits for its in-flight requests to finish before stopping its se
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from . import paths, processes, registry, safety
+from . import paths, processes, prometheus, registry, safety
 from .config import ServingConfig
 from .errors import ReleaseError, StateError
 from .registry import RegistryState, Release
@@ -22,6 +23,7 @@ from .router import Router, SlotTarget
 from .serve import free_port, start_detached, stop_process_group
 
 DEFAULT_ROUTER_PORT = 8080
+log = logging.getLogger(__name__)
 
 
 def default_router_port() -> int:
@@ -128,6 +130,16 @@ def _apply(router: Router, state: RegistryState) -> None:
         router.set_target("canary", canary)
     else:
         router.start(stable, canary)
+    # Metrics follow the registry; a canary nobody can measure is not deployed.
+    prometheus.sync_targets(state, router.metrics_port)
+
+
+def _follow_metrics(state: RegistryState, router: Router) -> None:
+    """Best effort: a rollback or promotion never fails because Prometheus could not follow."""
+    try:
+        prometheus.sync_targets(state, router.metrics_port if router.running() else None)
+    except ReleaseError as exc:
+        log.warning("Prometheus does not follow this change: %s", exc.one_line())
 
 
 def deploy(
@@ -212,6 +224,7 @@ def rollback(drain_timeout_s: float = 120) -> Release:
         state.canary = None
         state.canary_weight = 0
         state.log("rollback", release=canary.release_id)
+        _follow_metrics(state, router)
     drain_and_stop(canary, drain_timeout_s)
     # The slot is parked under the lock, and only while no new canary took it: a release
     # deployed during the drain owns the slot now, and HAProxy must agree with the registry.
@@ -236,6 +249,7 @@ def promote(drain_timeout_s: float = 120) -> Release:
             router.set_target("canary", None)
         state.stable, state.canary, state.canary_weight = new, None, 0
         state.log("promote", release=new.release_id, replaced=old.release_id if old else None)
+        _follow_metrics(state, router)
     if old is not None:
         drain_and_stop(old, drain_timeout_s)
     return new
@@ -294,6 +308,9 @@ def down(problems: list[str] | None = None) -> list[str]:
             stopped.append(f"vLLM {release.release_id} (pid {release.pid})")
     if router_for(state).stop():
         stopped.append("HAProxy")
+    # Its data stays under the home: the next release adds to the same history.
+    if prometheus.for_home().stop():
+        stopped.append("Prometheus")
     for pid in processes.under_home(paths.home()):
         if stop_process_group(pid, grace_s=10):
             stopped.append(f"unrecorded server (pid {pid})")

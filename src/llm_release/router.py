@@ -23,11 +23,15 @@ from . import processes
 from .credentials import child_env
 from .errors import RouterError
 from .fileio import atomic_write_text
+from .serve import free_port
 
 BACKEND = "releases"
 SLOTS = ("stable", "canary")
 # HAProxy needs an address for a slot that points nowhere yet; weight 0 + maint keeps it idle.
 PARKED_ADDR = ("127.0.0.1", 9)
+# HAProxy's own Prometheus exporter listens here (loopback only); unset: a free port, recorded
+# in the router directory for as long as that HAProxy runs.
+METRICS_PORT_ENV = "LLM_RELEASE_HAPROXY_METRICS_PORT"
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ def render_config(
     pid_path: Path,
     stable: SlotTarget | None,
     canary: SlotTarget | None,
+    metrics_port: int | None = None,
 ) -> str:
     lines = [
         "global",
@@ -79,6 +84,17 @@ def render_config(
                 f"    server {name} {target.host}:{target.port} weight {target.weight} "
                 "check inter 2s fall 3 rise 1"
             )
+    if metrics_port is not None:
+        # Per-server counters (responses by class, connection and response errors) for
+        # Prometheus; a frontend of its own so no client of the service can read them.
+        lines += [
+            "",
+            "frontend metrics",
+            f"    bind 127.0.0.1:{int(metrics_port)}",
+            "    no log",
+            "    http-request use-service prometheus-exporter if { path /metrics }",
+            "    http-request deny",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -91,10 +107,19 @@ class Router:
         self.socket_path = self.directory / "haproxy.sock"
         self.pid_path = self.directory / "haproxy.pid"
         self.config_path = self.directory / "haproxy.cfg"
+        self.metrics_port_path = self.directory / "metrics-port"
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.listen_port}"
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port of HAProxy's Prometheus exporter, as recorded when it started."""
+        try:
+            return int(self.metrics_port_path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
 
     # -- process -------------------------------------------------------------------------
     def pid(self) -> int | None:
@@ -124,12 +149,14 @@ class Router:
                 f"router directory path is too long for a unix socket: {self.socket_path}",
                 hint="set LLM_RELEASE_HOME to a shorter path",
             )
+        metrics_port = int(os.environ.get(METRICS_PORT_ENV) or free_port())
         config = render_config(
             listen_port=self.listen_port,
             socket_path=self.socket_path,
             pid_path=self.pid_path,
             stable=stable,
             canary=canary,
+            metrics_port=metrics_port,
         )
         atomic_write_text(self.config_path, config)
         check = subprocess.run(
@@ -150,8 +177,10 @@ class Router:
         if proc.returncode != 0:
             raise RouterError(
                 f"HAProxy did not start: {proc.stderr.strip()}",
-                hint=f"is port {self.listen_port} already in use? set a different router port",
+                hint=f"is port {self.listen_port} (or the metrics port {metrics_port}) already in "
+                f"use? set a different router port or {METRICS_PORT_ENV}",
             )
+        atomic_write_text(self.metrics_port_path, f"{metrics_port}\n")
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.running():
