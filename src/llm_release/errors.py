@@ -85,3 +85,7 @@ class RouterError(ReleaseError):
 
 class StateError(ReleaseError):
     """The release state is missing or inconsistent with the request."""
+
+
+class TrafficError(ConfigError):
+    """Demo traffic refused before anything was sent: a target off this machine, bad rates."""
