@@ -261,6 +261,8 @@ class Traffic:
         self._client = None
         self._claimed = 0
         self._latencies: list[float] = []
+        # (sent at, seconds since start; latency; error kind or None), one per request
+        self._samples: list[tuple[float, float, str | None]] = []
         self._errors: Counter[str] = Counter()
         self._error_samples: dict[str, str] = {}
         self._output_tokens = 0
@@ -353,6 +355,16 @@ class Traffic:
                 stopped_early=stopped_early,
             )
 
+    def samples(self) -> list[tuple[float, float, str | None]]:
+        """Every answered request: (sent at, seconds after start; latency s; error kind or
+        None), in the order answered — to see what a moment of the run cost."""
+        with self._lock:
+            return list(self._samples)
+
+    def answered(self) -> int:
+        with self._lock:
+            return len(self._samples)
+
     def __enter__(self) -> Traffic:
         return self.start()
 
@@ -393,14 +405,17 @@ class Traffic:
                 raise EmptyCompletion("the answer had no choices")
         except Exception as exc:  # every failure is counted, none ends the stream
             kind = error_kind(exc)
+            done = time.monotonic()
             with self._lock:
                 self._errors[kind] += 1
                 self._error_samples.setdefault(kind, " ".join(str(exc).split())[:200])
-                self._last_done = time.monotonic()
+                self._samples.append((started - self._t0, done - started, kind))
+                self._last_done = done
             return
         done = time.monotonic()
         tokens = response.usage.completion_tokens if response.usage else 0
         with self._lock:
             self._latencies.append(done - started)
+            self._samples.append((started - self._t0, done - started, None))
             self._output_tokens += tokens or 0
             self._last_done = done

@@ -4,6 +4,7 @@ failures counted by kind, and no thread left behind."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -83,3 +84,14 @@ def test_failures_are_counted_by_kind_and_end_nothing(tmp_path):
         f"http://127.0.0.1:{free_port()}", "m", rate_rps=100, duration_s=5, max_requests=5
     ).run()
     assert refused.errors == {"connection": 5} and refused.succeeded == 0
+
+
+def test_the_cli_prints_the_report_as_json(server, capsys):
+    from llm_release.cli import main as cli
+
+    url = f"http://127.0.0.1:{server.port}"
+    argv = ["traffic", "--url", url, "--model", "svc", "--rate", "20", "--duration", "0.5"]
+    assert cli([*argv, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["failed"] == 0 and 8 <= report["sent"] <= 11
+    assert report["base_url"] == f"{url}/v1"

@@ -191,3 +191,21 @@ def test_the_prompt_file_is_package_data():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert re.search(r'(?m)^llm_release = \[.*"data/\*\.txt".*\]', pyproject)
     assert (ROOT / "src/llm_release/data/traffic_prompts.txt").is_file()
+
+
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--url", "http://10.0.0.1:8080", "--model", "m"], "only this machine"),
+        (["--url", "http://127.0.0.1:8080", "--model", "m", "--rate", "0"], "rate_rps"),
+        ([], "no release is serving"),
+    ],
+)
+def test_the_cli_refuses_in_one_line(home, capsys, extra, expected):
+    from llm_release.cli import main as cli
+
+    argv = ["traffic", "--rate", "1", "--duration", "1", *extra]
+    # argparse keeps the last --rate given
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
