@@ -42,6 +42,47 @@ def cmd_canary(args: argparse.Namespace) -> None:
         print(f"rolled back {release.release_id}: canary weight 0, its server stopped")
 
 
+def cmd_traffic(args: argparse.Namespace) -> int:
+    """A bounded, steady stream of chat completions through the load balancer."""
+    from . import registry
+    from .errors import StateError
+    from .promote import router_for
+    from .traffic import Traffic
+
+    url, model = args.url, args.model
+    if url is None or model is None:
+        state = registry.load()
+        url = url or router_for(state).url
+        if model is None:
+            if state.stable is None:
+                raise StateError(
+                    "no release is serving, so there is no model name to send traffic to",
+                    hint="run a release first, or pass --model NAME (and --url URL)",
+                )
+            model = state.stable.public_name
+    traffic = Traffic(
+        url,
+        model,
+        rate_rps=args.rate,
+        duration_s=args.duration,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+    if not args.json:
+        print(
+            f"sending {args.rate:g} req/s for {args.duration:g} s to {traffic.base_url} "
+            f"(model {model}) …",
+            flush=True,
+        )
+    try:
+        report = traffic.run()
+    except KeyboardInterrupt:
+        report = traffic.stop()
+    print(report.model_dump_json(indent=2) if args.json else report.summary())
+    return 1 if report.failed else 0
+
+
 def cmd_hub(args: argparse.Namespace) -> None:
     from .hub_server import make_server, publish_repo
 
@@ -263,6 +304,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for in-flight requests before stopping a server",
     )
     canary.set_defaults(func=cmd_canary)
+
+    traffic = sub.add_parser(
+        "traffic",
+        help="send a bounded, steady stream of chat completions through the load balancer",
+        description="Demo traffic: chat completions with the openai client, to 127.0.0.1 "
+        "only. Exit 1 when any request failed.",
+    )
+    traffic.add_argument("--rate", type=float, required=True, help="requests per second")
+    traffic.add_argument("--duration", type=float, required=True, help="seconds to send for")
+    traffic.add_argument("--concurrency", type=int, default=4, help="requests in flight at most")
+    traffic.add_argument("--max-tokens", type=int, default=16, help="tokens per answer at most")
+    traffic.add_argument(
+        "--url", help="the load balancer (default: the router's, from the registry)"
+    )
+    traffic.add_argument("--model", help="served model name (default: the stable release's)")
+    traffic.add_argument("--seed", type=int, default=0, help="seed of the prompt order")
+    traffic.add_argument("--json", action="store_true", help="the report as JSON")
+    traffic.set_defaults(func=cmd_traffic)
 
     hub = sub.add_parser("hub", help="the local Hub-compatible endpoint")
     hub.add_argument("action", choices=["serve", "publish-demo", "publish"])

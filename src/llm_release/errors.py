@@ -93,3 +93,7 @@ class MetricsError(ReleaseError):
 
 class AlertRulesError(MetricsError):
     """An alert rule file was rejected by promtool or by Prometheus."""
+
+
+class TrafficError(ConfigError):
+    """Demo traffic refused before anything was sent: a target off this machine, bad rates."""

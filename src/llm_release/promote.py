@@ -1,7 +1,9 @@
 """Promote: put the stable release and the winner behind HAProxy; promote or roll back.
 
-One canary at a time. Rollback sets the canary's weight to 0 first (new requests stop
-at once), then waits for its in-flight requests to finish before stopping its server.
+One canary at a time; its weight steps through ``set_canary_weight`` (1..99). A server
+leaves the router before it stops: rollback and promote first drain its slot (no new
+request reaches it from that instant), then wait until HAProxy and vLLM both count no
+request in flight on it, and only then stop it — so no client request is lost.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import requests
 
 from . import paths, processes, prometheus, registry, safety
 from .config import ServingConfig
-from .errors import ReleaseError, StateError
+from .errors import ConfigError, ReleaseError, RouterError, StateError
 from .registry import RegistryState, Release
 from .router import Router, SlotTarget
 from .serve import free_port, start_detached, stop_process_group
 
 DEFAULT_ROUTER_PORT = 8080
-log = logging.getLogger(__name__)
+# How often a drain looks at the in-flight counts (HAProxy's socket and vLLM's /metrics).
+DRAIN_POLL_S = 0.25
+
+logger = logging.getLogger(__name__)
 
 
 def default_router_port() -> int:
@@ -139,7 +144,7 @@ def _follow_metrics(state: RegistryState, router: Router) -> None:
     try:
         prometheus.sync_targets(state, router.metrics_port if router.running() else None)
     except ReleaseError as exc:
-        log.warning("Prometheus does not follow this change: %s", exc.one_line())
+        logger.warning("Prometheus does not follow this change: %s", exc.one_line())
 
 
 def deploy(
@@ -199,16 +204,52 @@ def running_requests(release: Release) -> float:
     return total
 
 
-def drain_and_stop(release: Release, timeout_s: float = 120) -> None:
+def _router_in_flight(router: Router | None, slot: str | None, port: int) -> int:
+    if router is None or slot is None or not router.running():
+        return 0
+    try:
+        return router.in_flight(slot, port)
+    except RouterError:
+        return 0  # HAProxy went away: it has nothing in flight to anyone
+
+
+def drain_and_stop(
+    release: Release,
+    timeout_s: float = 120,
+    *,
+    router: Router | None = None,
+    slot: str | None = None,
+) -> bool:
+    """Stop ``release``'s server once nothing is in flight on it; True if it drained.
+
+    The caller took it out of the rotation first (``Router.drain``). Nothing in flight
+    means HAProxy's sessions on ``slot`` (a request it assigned but vLLM has not seen
+    yet) and vLLM's running + waiting requests (also those that came around the router)
+    are both 0. After ``timeout_s`` it is stopped all the same, and that is logged.
+    """
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and release_alive(release):
-        if running_requests(release) == 0:
+    while release_alive(release):
+        lb = _router_in_flight(router, slot, release.port)
+        vllm = running_requests(release)
+        if lb == 0 and vllm == 0:
             break
-        time.sleep(0.5)
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "%s still had requests in flight after %.0f s (HAProxy %d, vLLM %g): "
+                "stopping it all the same",
+                release.release_id,
+                timeout_s,
+                lb,
+                vllm,
+            )
+            stop_release(release)
+            return False
+        time.sleep(DRAIN_POLL_S)
     stop_release(release)
+    return True
 
 
-def rollback(drain_timeout_s: float = 120) -> Release:
+def rollback(drain_timeout_s: float = 120, reason: str | None = None) -> Release:
     with registry.locked() as state:
         if state.canary is None:
             raise StateError(
@@ -218,14 +259,16 @@ def rollback(drain_timeout_s: float = 120) -> Release:
         router = router_for(state)
         canary = state.canary
         if router.running():
-            # Weight 0 first: no new request reaches the canary from this instant on.
+            # Out of the rotation first: no new request reaches the canary from this
+            # instant on; the ones it has finish there.
+            router.drain("canary")
             router.set_weight("canary", 0)
             router.set_weight("stable", 100)
         state.canary = None
         state.canary_weight = 0
-        state.log("rollback", release=canary.release_id)
+        state.log("rollback", release=canary.release_id, reason=reason or "by hand")
         _follow_metrics(state, router)
-    drain_and_stop(canary, drain_timeout_s)
+    drain_and_stop(canary, drain_timeout_s, router=router, slot="canary")
     # The slot is parked under the lock, and only while no new canary took it: a release
     # deployed during the drain owns the slot now, and HAProxy must agree with the registry.
     with registry.locked() as state:
@@ -245,14 +288,58 @@ def promote(drain_timeout_s: float = 120) -> Release:
         router = router_for(state)
         old, new = state.stable, state.canary
         if router.running():
-            router.set_target("stable", _slot(new, 100))
-            router.set_target("canary", None)
+            # The new release takes every new request in the slot it serves from now; the
+            # old one leaves the rotation and finishes the requests it has. Re-pointing
+            # the stable slot at once would hide the old server's in-flight count.
+            router.set_weight("canary", 100)
+            if old is not None:
+                router.drain("stable")
+                router.set_weight("stable", 0)
         state.stable, state.canary, state.canary_weight = new, None, 0
         state.log("promote", release=new.release_id, replaced=old.release_id if old else None)
         _follow_metrics(state, router)
     if old is not None:
-        drain_and_stop(old, drain_timeout_s)
+        drain_and_stop(old, drain_timeout_s, router=router, slot="stable")
+    # Then the slots are made to agree with the registry (stable slot -> the new release
+    # before the canary slot is parked, so some server is always in the rotation), under
+    # the lock: a release deployed during the drain owns the canary slot.
+    with registry.locked() as state:
+        router = router_for(state)
+        if router.running():
+            _apply(router, state)
     return new
+
+
+def set_canary_weight(weight: int) -> RegistryState:
+    """Step the live canary to ``weight`` percent (1..99); the stable release gets the rest.
+
+    100 is ``promote()`` and 0 is ``rollback()``: both take a server out, so neither is a
+    weight step. Weights change in HAProxy without touching a connection.
+    """
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 99:
+        raise ConfigError(
+            f"canary weight {weight!r} is out of range",
+            hint="pass 1..99; 100 is 'llm-release canary promote', 0 is "
+            "'llm-release canary rollback'",
+        )
+    with registry.locked() as state:
+        if state.canary is None or not release_alive(state.canary):
+            raise StateError(
+                "there is no live canary to weigh",
+                hint="run a release first; 'llm-release canary status' shows the releases",
+            )
+        previous = state.canary_weight
+        state.canary_weight = weight
+        router = router_for(state)
+        if router.running():
+            router.set_weight("canary", weight)
+            router.set_weight("stable", 100 - weight)
+        else:
+            _apply(router, state)
+        state.log(
+            "canary_weight", release=state.canary.release_id, weight=weight, previous=previous
+        )
+        return state
 
 
 def status() -> dict:

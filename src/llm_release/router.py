@@ -4,6 +4,12 @@ The config has two fixed server slots, ``stable`` and ``canary``, in one backend
 ``balance roundrobin`` (weights are dynamic for it). Addresses, weights and drain state
 change through HAProxy's runtime API on a unix socket, so a change never restarts the
 proxy and never drops an in-flight request.
+
+No request a client sent is lost to a release change (see ``render_config``): weights
+change without touching connections, a server leaves the rotation by ``drain`` and is
+stopped only once HAProxy and vLLM both count no request in flight on it, and a request
+whose server refused the connection or died before answering is sent again to the other
+server (L7 retries with redispatch).
 """
 
 from __future__ import annotations
@@ -34,6 +40,14 @@ PARKED_ADDR = ("127.0.0.1", 9)
 METRICS_PORT_ENV = "LLM_RELEASE_HAPROXY_METRICS_PORT"
 
 
+BUFSIZE = 32768
+RETRIES = 3
+# A stopped server is out of the rotation within ~1.3 s: its first failed check (refused
+# at once) makes it transitional, checked again after fastinter, and fall 2 takes it out.
+# Retries cover the requests of that second; drain covers planned stops entirely.
+CHECKS = "check inter 1s fastinter 250ms downinter 1s fall 2 rise 1"
+
+
 @dataclass(frozen=True)
 class SlotTarget:
     host: str
@@ -54,7 +68,13 @@ def render_config(
         "global",
         f"    stats socket {socket_path} mode 600 level admin",
         f"    pidfile {pid_path}",
-        "    maxconn 2048",
+        # A request is retried only if all of it fits in one buffer (HAProxy 2.6 docs,
+        # retry-on). 32 KiB holds a chat request up to the default max_model_len (2048
+        # tokens at <= 12 bytes a token, JSON-escaped non-ASCII included); a larger one is
+        # still served, just not retried. 2x the default buffer, so half the default
+        # maxconn, as the docs ask; the service's peak is 50 concurrent users.
+        f"    tune.bufsize {BUFSIZE}",
+        "    maxconn 1024",
         "",
         "defaults",
         "    mode http",
@@ -62,6 +82,9 @@ def render_config(
         "    timeout client 600s",
         "    timeout server 600s",
         "    timeout http-request 30s",
+        # A health check of a busy 2-core vLLM can take seconds; a stopped server still
+        # fails its check at once (connection refused), so this delays nothing.
+        "    timeout check 5s",
         "    option httplog",
         "",
         "frontend llm",
@@ -74,15 +97,38 @@ def render_config(
         "    http-check expect status 200",
         # One request per server connection, so HAProxy's per-server counters are requests.
         "    option http-server-close",
+        # L7 retries, only where the client cannot have received anything, so a replay can
+        # never hand it two answers, and a chat completion changes no server state (a
+        # replay costs compute, not correctness):
+        #   conn-failure    the connection was refused or failed: a stopped or crashed
+        #                   server; the request never reached it.
+        #   empty-response  the server closed the connection without a byte of answer: it
+        #                   died mid-request, or its dying listener reset a connection it
+        #                   had accepted but never read.
+        #   503             the server refused the work (vLLM: engine dead, scaling) and
+        #                   says "try elsewhere".
+        # Not retried: response-timeout (the server may still be generating; a replay
+        # doubles the load when the service is slowest, and after 'timeout server' the
+        # client has usually given up, so the answer would reach nobody); junk-response
+        # and 500 (often caused by the request itself: a replay carries the poison to the
+        # other server). A streamed answer whose headers went out cannot be retried:
+        # drain before stop is what protects it.
+        "    retry-on conn-failure empty-response 503",
+        f"    retries {RETRIES}",
+        # Every retry goes to another server (roundrobin skips the one that failed), not
+        # back to the dead one after a 1 s turn-around.
+        "    option redispatch 1",
+        # The whole request is read before a server is picked, so the copy a retry replays
+        # is complete (a request still streaming its body in cannot be retried).
+        "    option http-buffer-request",
     ]
     for name, target in (("stable", stable), ("canary", canary)):
         if target is None:
             host, port = PARKED_ADDR
-            lines.append(f"    server {name} {host}:{port} weight 0 disabled")
+            lines.append(f"    server {name} {host}:{port} weight 0 disabled {CHECKS}")
         else:
             lines.append(
-                f"    server {name} {target.host}:{target.port} weight {target.weight} "
-                "check inter 2s fall 3 rise 1"
+                f"    server {name} {target.host}:{target.port} weight {target.weight} {CHECKS}"
             )
     if metrics_port is not None:
         # Per-server counters (responses by class, connection and response errors) for
@@ -246,6 +292,27 @@ class Router:
 
     def set_weight(self, slot: str, weight: int) -> None:
         self.command(f"set server {BACKEND}/{slot} weight {int(weight)}")
+
+    def drain(self, slot: str) -> None:
+        """Take ``slot`` out of the rotation: no new request, those in flight finish.
+
+        Health checks go on, and set_target/'state ready' brings the slot back."""
+        if slot not in SLOTS:
+            raise RouterError(f"unknown slot {slot!r}; valid: {', '.join(SLOTS)}")
+        self.command(f"set server {BACKEND}/{slot} state drain")
+
+    def in_flight(self, slot: str, port: int | None = None) -> int:
+        """Requests HAProxy has on ``slot`` now (its ``scur``).
+
+        With ``port``, only while the slot still points at that port: a slot re-pointed at
+        another server keeps counting the old server's requests with the new one's (a
+        measured HAProxy 2.6 behaviour), so the old server's own count must come from it."""
+        row = self.stats().get(slot)
+        if row is None:
+            return 0
+        if port is not None and not row.get("addr", "").endswith(f":{port}"):
+            return 0
+        return int(row.get("scur") or 0)
 
     def stats(self) -> dict[str, dict[str, str]]:
         """HAProxy's own counters for each server slot (from ``show stat``)."""
