@@ -20,7 +20,7 @@ PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 .PHONY: help setup demo test test-fast lint hub-up prefect-up down status bench
 
 help:
-	@echo "make demo      set up everything and release SmolLM2-135M-Instruct (canary at 5%)"
+	@echo "make demo      set up everything, release SmolLM2-135M-Instruct, then walk its next revision as a canary"
 	@echo "make test      set up everything and run the whole test suite"
 	@echo "make down      stop every server the project started (Prometheus keeps its data)"
 	@echo "make status    show the releases behind the load balancer"
@@ -58,9 +58,23 @@ demo: hub-up prefect-up
 	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	report=$$(jq -r .report $(LLM_RELEASE_HOME)/demo-result.json); \
 	echo; echo "== decision =="; grep -m1 '^- \*\*Decision' "$$report"; \
-	awk '/^## /{show=($$0=="## Host" || $$0=="## Candidates" || $$0=="## Stage timings")} show' "$$report"; \
+	awk '/^## /{show=($$0=="## Host" || $$0=="## Candidates" || $$0=="## Stage timings" || $$0=="## Canary rollout")} show' "$$report"; \
 	echo "release wall time (after setup): $$((end - start)) s"; \
 	echo "report: $$report"; \
+	echo; echo "== upstream publishes the next revision; the scheduled model-update releases it as a canary =="; \
+	$(CLI) hub publish-demo --update || exit $$?; \
+	start=$$(date +%s); \
+	PREFECT_API_URL=$(PREFECT_API) HF_ENDPOINT=$(HUB_URL) $(PY) -m flows.model_update \
+	  --hub-endpoint $(HUB_URL) --config configs/demo-update.json --output $(LLM_RELEASE_HOME)/demo-update.json; \
+	rc=$$?; end=$$(date +%s); \
+	if [ $$rc -ne 0 ]; then echo "the update failed (exit $$rc); see the log above"; exit $$rc; fi; \
+	echo; jq -r '"model-update: " + .status + " — " + .detail' $(LLM_RELEASE_HOME)/demo-update.json; \
+	report=$$(jq -r '.release.report // empty' $(LLM_RELEASE_HOME)/demo-update.json); \
+	if [ -n "$$report" ]; then \
+	  awk '/^## /{show=($$0=="## Canary rollout" || $$0=="## Stage timings")} show' "$$report"; \
+	  echo "report: $$report"; \
+	fi; \
+	echo "update wall time: $$((end - start)) s"; \
 	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
 	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
 	echo "Prometheus: http://127.0.0.1:$(PROMETHEUS_PORT)  (data: $(LLM_RELEASE_HOME)/prometheus)"; \
@@ -71,7 +85,7 @@ status:
 
 test: setup
 	.venv/bin/ruff check .
-	$(PY) -m pytest -v
+	$(PY) -m pytest -v --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -v -m "not slow"

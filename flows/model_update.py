@@ -8,7 +8,7 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
-from flows.release import ReleaseOutcome, hub_access, release
+from flows.release import ReleaseOutcome, cli_config, hub_access, release, run_cli
 from llm_release import decisions, registry
 from llm_release.config import ReleaseConfig
 from llm_release.promote import release_alive
@@ -57,3 +57,11 @@ def model_update(config: ReleaseConfig) -> UpdateOutcome:
     )
     outcome = release(pinned)
     return UpdateOutcome(status="judged", commit=commit, detail=outcome.summary, release=outcome)
+
+
+def main() -> None:
+    run_cli(model_update, *cli_config("Check the hub once; release a new commit (in-process)."))
+
+
+if __name__ == "__main__":
+    main()

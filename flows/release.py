@@ -15,8 +15,9 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from blocks.hub import HubCredentials
+from flows.canary import install_alerts, walk_canary
 from flows.review import ask_reviewer
-from llm_release import decisions, paths
+from llm_release import decisions, paths, registry
 from llm_release.config import ReleaseConfig, SourceConfig
 from llm_release.contenders import plan_contenders
 from llm_release.demo_model import DEMO_REPO_ID
@@ -25,6 +26,7 @@ from llm_release.fileio import atomic_write_text
 from llm_release.preflight import check
 from llm_release.promote import DeployTarget
 from llm_release.report import render_markdown
+from llm_release.rollout import RolloutOutcome
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner
@@ -48,6 +50,7 @@ class ReleaseOutcome(BaseModel):
     stage_seconds: dict[str, float]
     host: str
     skipped: dict[str, str | None]
+    canary: RolloutOutcome | None = None
 
 
 def hub_access(source: SourceConfig) -> tuple[SourceConfig, SecretStr | None]:
@@ -129,11 +132,32 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         )
 
     deployment: dict[str, str | None] = {}
+    canary: RolloutOutcome | None = None
     stable_target, canary_target = target(decision.stable), target(decision.winner)
     if stable_target or canary_target:
         state = promote_release(
-            stable_target, canary_target, service_name, config.canary_weight, config.router_port
+            stable_target,
+            canary_target,
+            service_name,
+            config.rollout.first_weight,
+            config.router_port,
         )
+        timed("promote", mark)
+        if state.canary is not None:
+            mark = time.monotonic()
+            canary = walk_canary(
+                config.rollout, state.canary.release_id, service_name, config.gates.ttft_p95_slo_s
+            )
+            timed("canary", mark)
+            state = registry.load()
+        elif stable_target is not None and state.stable is not None:
+            # A first release: the release that is stable now gets its alert rules.
+            install_alerts(
+                state.stable.release_id,
+                state.stable.public_name,
+                config.gates.ttft_p95_slo_s,
+                config.rollout,
+            )
         deployment = {
             "load balancer": f"http://127.0.0.1:{state.router_port}",
             "stable": state.stable.release_id if state.stable else None,
@@ -143,10 +167,14 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         }
     else:
         logger.warning("nothing deployed: %s", decision.summary)
-    timed("promote", mark)
+        timed("promote", mark)
 
     verdict = "deployed" if deployment else ("review rejected" if decision.reviewed else "rejected")
-    decisions.record(config, acquired.commit, verdict, decision.summary, run_id)
+    summary = decision.summary
+    if canary is not None and canary.status in ("promoted", "rolled back"):
+        verdict = canary.status
+        summary = f"{summary}; canary {canary.status}: {canary.reason}"
+    decisions.record(config, acquired.commit, verdict, summary, run_id)
     origin = {
         "repo_id": acquired.repo_id,
         "revision": config.source.revision,
@@ -161,6 +189,7 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         decision=decision,
         stage_seconds=seconds,
         deployment=deployment,
+        canary=canary,
     )
     payload = {
         "run_id": run_id,
@@ -172,6 +201,7 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         "decision": decision.model_dump(mode="json"),
         "stage_seconds": seconds,
         "deployment": deployment,
+        "canary": canary.model_dump(mode="json") if canary else None,
     }
     files = publish_report(run_dir, markdown, payload, results, decision)
     return ReleaseOutcome(
@@ -181,8 +211,9 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         commit=acquired.commit,
         winner=decision.winner,
         stable=decision.stable,
-        summary=decision.summary,
+        summary=summary,
         verdict=verdict,
+        canary=canary,
         deployment=deployment,
         stage_seconds=seconds,
         host=host.host.describe(),
@@ -190,8 +221,9 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description="Run one release (the flow, in-process).")
+def cli_config(description: str) -> tuple[ReleaseConfig, Path | None]:
+    """The release config of a command-line run: a JSON file plus --repo-id/--revision."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--repo-id", default=DEMO_REPO_ID)
     parser.add_argument("--revision", default="main")
     parser.add_argument("--hub-endpoint", default=None)
@@ -204,14 +236,25 @@ def main() -> None:
         if args.hub_endpoint:
             source["endpoint"] = args.hub_endpoint
         data["source"] = source | data.get("source", {})
-        outcome = release(ReleaseConfig.model_validate(data))
+        return ReleaseConfig.model_validate(data), args.output
+    except (ValidationError, ValueError, OSError) as exc:
+        raise SystemExit(f"error: {one_line(exc)}") from None
+
+
+def run_cli(flow_fn, config: ReleaseConfig, output: Path | None) -> None:
+    try:
+        outcome = flow_fn(config)
     except (ReleaseError, ValidationError, ParameterTypeError, ValueError, OSError) as exc:
         # Bad input ends in one line (Prefect's run log keeps the traceback).
         raise SystemExit(f"error: {one_line(exc)}") from None
     text = outcome.model_dump_json(indent=2)
-    if args.output:
-        atomic_write_text(args.output, text + "\n")
+    if output:
+        atomic_write_text(output, text + "\n")
     print(text)
+
+
+def main() -> None:
+    run_cli(release, *cli_config("Run one release (the flow, in-process)."))
 
 
 if __name__ == "__main__":

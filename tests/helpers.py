@@ -1,4 +1,7 @@
+import contextvars
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 TINY_REPO = "tests/tiny-llama"
@@ -14,3 +17,39 @@ def vllm_processes(
     if under is not None:
         lines = [line for line in lines if f"--model {under}/" in line]
     return lines
+
+
+def answer_paused_run(approve: bool, comment: str) -> threading.Thread:
+    """Resume the next paused flow run with an answer (approve, comment) sent through
+    Prefect's API, as the UI's form does. Runs in a thread; join it to wait."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.flow_runs import resume_flow_run
+
+    def run() -> None:
+        deadline = time.monotonic() + 600
+        with get_client(sync_client=True) as client:
+            while time.monotonic() < deadline:
+                paused = client.read_flow_runs(
+                    flow_run_filter=FlowRunFilter(
+                        state=FlowRunFilterState(
+                            type=FlowRunFilterStateType(any_=[StateType.PAUSED])
+                        )
+                    )
+                )
+                if paused:
+                    resume_flow_run(
+                        paused[0].id, run_input={"approve": approve, "comment": comment}
+                    )
+                    return
+                time.sleep(1)
+
+    context = contextvars.copy_context()  # the test harness's API settings live in it
+    thread = threading.Thread(target=context.run, args=(run,), daemon=True)
+    thread.start()
+    return thread

@@ -22,9 +22,10 @@ from pathlib import Path
 import yaml
 
 from .analysis import load_queries, promql_string_content, render_query
+from .config import AnalysisConfig
 from .errors import AlertRulesError, MetricsError
 from .fileio import atomic_write_text
-from .prometheus import VLLM_JOB, Prometheus
+from .prometheus import VLLM_JOB, Prometheus, for_home
 
 RULES_FILE = "llm-release.yml"
 GROUP = "llm-release-stable"
@@ -183,3 +184,19 @@ def install_rules(prometheus: Prometheus, text: str) -> Path:
                 hint=exc.hint or None,
             ) from None
     return target
+
+
+def install_for_stable(
+    release_id: str, service: str, ttft_p95_slo_s: float, analysis: AnalysisConfig
+) -> Path:
+    """The alert rules for the release that is stable now, loaded into the project's
+    Prometheus (the analysis's ceilings are the alerts' thresholds)."""
+    text = render_rules(
+        service=service,
+        release_id=release_id,
+        ttft_p95_slo_s=analysis.ttft_p95_ceiling_s or ttft_p95_slo_s,
+        error_share_ceiling=analysis.error_share_ceiling,
+        queue_ceiling=analysis.queue_ceiling,
+        kv_cache_ceiling=analysis.kv_cache_ceiling,
+    )
+    return install_rules(for_home(), text)

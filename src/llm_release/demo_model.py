@@ -128,3 +128,28 @@ def build_tiny_model(
 
 def _write_readme(directory: Path, text: str) -> None:
     (directory / "README.md").write_text(f"# {directory.name}\n\n{text}\n")
+
+
+# The demo's "upstream update": the same weights with new generation defaults, as model
+# repos publish them (a fix of the sampling defaults, weights untouched). Greedy evaluation
+# answers alike, so the scheduled update is judged against the serving release and walks
+# the canary; the weights' files are hard links, not copies.
+DEMO_UPDATE = {"temperature": 0.2, "top_p": 0.9}
+
+
+def demo_update(base_dir: Path, out_dir: Path) -> Path:
+    """The demo model's next revision: ``base_dir`` with ``DEMO_UPDATE`` in its
+    generation_config.json. Idempotent."""
+    import json
+    import os
+
+    from .fileio import atomic_write_text
+
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    shutil.copytree(base_dir, out_dir, copy_function=os.link)
+    path = out_dir / "generation_config.json"
+    config = json.loads(path.read_text())
+    path.unlink()  # a hard link to the base revision's file: never write through it
+    atomic_write_text(path, json.dumps(config | DEMO_UPDATE, indent=2) + "\n")
+    return out_dir

@@ -372,6 +372,8 @@ def status() -> dict:
         "router_running": running,
         "canary_weight": state.canary_weight if state.canary else 0,
         "releases": releases,
+        # The canary's walk: its step and the last analysis window's verdict.
+        "rollout": state.rollout.model_dump(mode="json") if state.rollout else None,
         "history": state.history[-10:],
     }
 

@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,6 +42,24 @@ class Release(BaseModel):
     started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
 
 
+class RolloutStatus(BaseModel):
+    """Where the canary's walk stands, for 'llm-release canary status'."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release_id: str
+    steps: list[int]
+    weight: int
+    state: Literal[
+        "analysing", "awaiting approval", "promoted", "rolled back", "held", "overridden"
+    ]
+    last_window: dict | None = Field(
+        None, description="the last analysis window: weight, verdict, reason, ended_at"
+    )
+    reason: str | None = None
+    updated_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+
+
 class RegistryState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,6 +67,7 @@ class RegistryState(BaseModel):
     stable: Release | None = None
     canary: Release | None = None
     canary_weight: int = 0
+    rollout: RolloutStatus | None = None
     history: list[dict] = Field(default_factory=list)
 
     def log(self, event: str, **details: object) -> None:

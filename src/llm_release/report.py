@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import rollout
 from .config import BASELINE
 from .fileio import atomic_write_text
 from .planner import Plan
 from .probe import ServingPlan
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
+from .rollout import RolloutOutcome
 from .select import paired
 from .stats import bootstrap_mean_ci
 
@@ -230,6 +232,7 @@ def render_markdown(
     decision: Decision,
     stage_seconds: dict[str, float],
     deployment: dict | None,
+    canary: RolloutOutcome | None = None,
 ) -> str:
     lines = [f"# {title}", ""]
     lines += [
@@ -287,7 +290,31 @@ def render_markdown(
         lines += ["## Deployment", ""]
         lines += [f"- **{k}:** {v}" for k, v in deployment.items()]
         lines.append("")
+    if canary is not None:
+        lines += canary_section(canary)
     return "\n".join(lines)
+
+
+def canary_section(canary: RolloutOutcome) -> list[str]:
+    """The canary's walk: each window's checks, canary versus stable, and the decision."""
+    lines = [
+        "## Canary rollout",
+        "",
+        f"- **Outcome:** {canary.status} — {canary.reason}",
+        f"- **Highest weight served:** {canary.reached_weight}%",
+    ]
+    lines += [
+        f"- **Answer ({a.by}):** {'approve' if a.approve else 'reject'} — {a.note}"
+        for a in canary.answers
+    ]
+    if canary.traffic is not None:
+        t = canary.traffic
+        lines.append(
+            f"- **Demo traffic:** {t.sent} requests, {t.failed} failed, "
+            f"p95 {_fmt(t.latency_p95_s, '.2f')} s"
+        )
+    lines += ["", rollout.evidence_markdown(canary.windows)]
+    return lines
 
 
 def write_run_files(

@@ -9,10 +9,8 @@ there) or ``^`` (always true), so the silent model's drop is exactly the share o
 items: 1 of 20 (0.05, inconclusive against a 0.10 margin) or 10 of 10 (a clear failure).
 """
 
-import contextvars
 import json
 import shutil
-import threading
 import time
 
 import pytest
@@ -20,7 +18,7 @@ import requests
 
 from llm_release import registry
 from llm_release.hub_server import publish_repo
-from tests.helpers import TINY_REPO, vllm_processes
+from tests.helpers import TINY_REPO, answer_paused_run, vllm_processes
 
 pytestmark = [pytest.mark.slow]
 
@@ -33,14 +31,6 @@ README = """# {name}
 - **Scoring:** regex_match on whether an answer is there.
 - **Data:** written for this test; not from the calibration set.
 """
-
-
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 def write_set(root, name, regexes, gates):
@@ -122,44 +112,10 @@ def config(hub, router_port, eval_sets, **extra):
             "gates": {"ttft_p95_slo_s": 120},
             "router_port": router_port,
             "review": {"timeout_s": 600},
+            "rollout": {"mode": "hold"},
         }
         | extra
     )
-
-
-def answer_review(approve: bool, comment: str) -> threading.Thread:
-    """Resume the next paused flow run with a review answer, as the Prefect UI does."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterState,
-        FlowRunFilterStateType,
-    )
-    from prefect.client.schemas.objects import StateType
-    from prefect.flow_runs import resume_flow_run
-
-    def run() -> None:
-        deadline = time.monotonic() + 600
-        with get_client(sync_client=True) as client:
-            while time.monotonic() < deadline:
-                paused = client.read_flow_runs(
-                    flow_run_filter=FlowRunFilter(
-                        state=FlowRunFilterState(
-                            type=FlowRunFilterStateType(any_=[StateType.PAUSED])
-                        )
-                    )
-                )
-                if paused:
-                    resume_flow_run(
-                        paused[0].id, run_input={"approve": approve, "comment": comment}
-                    )
-                    return
-                time.sleep(1)
-
-    context = contextvars.copy_context()  # the test harness's API settings live in it
-    thread = threading.Thread(target=context.run, args=(run,), daemon=True)
-    thread.start()
-    return thread
 
 
 def report(home, run_id):
@@ -179,7 +135,7 @@ def test_champion_review_and_memory(prefect_api, home, hub, hub_root, eval_sets,
     # Upstream publishes a model that answers nothing: 1 of 20 items flips, drop 0.05 against
     # a 0.10 margin, interval above it: inconclusive, and the set asks a human. Rejected.
     silent_commit = publish_repo(hub_root, TINY_REPO, silent_model_dir)
-    reviewer = answer_review(False, "item 0 lost its answer")
+    reviewer = answer_paused_run(False, "item 0 lost its answer")
     update = model_update(config(hub, port, ["mostly_free"]))
     reviewer.join(timeout=5)
     assert update.status == "judged" and update.commit == silent_commit
@@ -232,7 +188,7 @@ def test_champion_review_and_memory(prefect_api, home, hub, hub_root, eval_sets,
     assert gates["nonempty/regex_match:min_score"]["outcome"] == "fail"
 
     # force: judged again; this time the reviewer approves and it goes out as the canary.
-    reviewer = answer_review(True, "an empty answer on item 0 is acceptable")
+    reviewer = answer_paused_run(True, "an empty answer on item 0 is acceptable")
     approved = model_update(config(hub, port, ["mostly_free"], force=True))
     reviewer.join(timeout=5)
     assert approved.release.winner == "baseline" and approved.release.verdict == "deployed"

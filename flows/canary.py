@@ -1,0 +1,210 @@
+"""The canary on live traffic, inside the release flow: each analysis window is a task; the
+final step (and a step too inconclusive to call) pauses the run for a person with the
+evidence and a typed form in the Prefect UI; no answer in time rolls back."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.exceptions import FlowPauseTimeout
+from prefect.flow_runs import pause_flow_run
+from prefect.input import RunInput
+from pydantic import Field
+
+from flows.review import POLL_S
+from llm_release import alerts, analysis, promote, registry, rollout
+from llm_release.analysis import WindowVerdict
+from llm_release.config import RolloutConfig
+from llm_release.errors import ReleaseError, StateError, one_line
+from llm_release.rollout import Answer, Question, RolloutOutcome, WindowRecord
+from llm_release.traffic import Traffic
+
+
+class CanaryAnswer(RunInput):
+    approve: bool = Field(
+        False, description="approve: go on (to 100% for the final step); reject: roll back"
+    )
+    comment: str = Field("", max_length=500, description="why; recorded in the report")
+
+
+@task(
+    name="analysis-window", cache_policy=NO_CACHE, task_run_name="canary {weight}% window {index}"
+)
+def analysis_window(
+    config: RolloutConfig, service: str, slo_ttft_p95_s: float, weight: int, index: int
+) -> WindowVerdict:
+    """Wait one window out at ``weight`` percent, then compare canary and stable over it."""
+    # The window starts now, after the weight change: it holds only the new split.
+    start = time.time()
+    time.sleep(config.analysis.window_s + rollout.settle_s(config))
+    end = start + config.analysis.window_s
+    try:
+        verdict = analysis.analyze_window(
+            None, config.analysis, service=service, slo_ttft_p95_s=slo_ttft_p95_s, end=end
+        )
+    except ReleaseError as exc:
+        # No numbers is no evidence either way: the policy counts it as inconclusive.
+        verdict = analysis.unanswered(config.analysis, service, start, end, exc.one_line())
+    get_run_logger().info(
+        "canary at %d%%, window %d: %s (%s)", weight, index, verdict.verdict, verdict.reason
+    )
+    return verdict
+
+
+class FlowActions:
+    """The rollout's effects inside a Prefect flow run."""
+
+    def __init__(self, config: RolloutConfig, release_id: str, service: str, slo: float) -> None:
+        self.config, self.release_id, self.service, self.slo = config, release_id, service, slo
+        self.weight = config.first_weight
+        self.logger = get_run_logger()
+
+    def _record(self, state: str, last: WindowRecord | None = None, reason: str | None = None):
+        rollout.record(
+            self.release_id, self.config.steps, self.weight, state, last=last, reason=reason
+        )
+
+    def still_canary(self) -> bool:
+        state = registry.load()
+        return state.canary is not None and state.canary.release_id == self.release_id
+
+    def set_weight(self, weight: int) -> None:
+        promote.set_canary_weight(weight)
+        self.weight = weight
+        self.logger.info("canary %s now takes %d%% of requests", self.release_id, weight)
+        self._record("analysing")
+
+    def analyze(self, weight: int, index: int) -> WindowVerdict:
+        verdict = analysis_window(self.config, self.service, self.slo, weight, index)
+        self._record("analysing", WindowRecord(weight=weight, index=index, verdict=verdict))
+        return verdict
+
+    def ask(self, question: Question, windows: list[WindowRecord]) -> Answer:
+        if question == "promote" and self.config.approval == "approve":
+            note = "approved without asking (rollout.approval is 'approve' in the release config)"
+            self.logger.warning("promotion of %s: %s", self.release_id, note)
+            return Answer(approve=True, note=note, by="config")
+        what = (
+            f"Promote {self.release_id} to 100%?"
+            if question == "promote"
+            else f"{self.release_id}: the analysis could not decide at {self.weight}%. "
+            "Approve to go on to the next step, reject to roll back."
+        )
+        evidence = f"{what}\n\n{rollout.evidence_markdown(windows)}"
+        create_markdown_artifact(
+            key="canary-approval", markdown=evidence, description=f"canary {question}"
+        )
+        self._record("awaiting approval", reason=what)
+        self.logger.warning(
+            "%s resume this run in the Prefect UI (approve / reject) within %d s",
+            what,
+            self.config.approval_timeout_s,
+        )
+        try:
+            answer = pause_flow_run(
+                wait_for_input=CanaryAnswer.with_initial_data(description=evidence),
+                timeout=self.config.approval_timeout_s,
+                poll_interval=POLL_S,
+            )
+        except FlowPauseTimeout:
+            return Answer(
+                approve=False,
+                note=f"no answer within {self.config.approval_timeout_s} s",
+                by="timeout",
+            )
+        verdict = "approved" if answer.approve else "rejected"
+        return Answer(approve=answer.approve, note=answer.comment.strip() or verdict, by="person")
+
+    def promote(self) -> None:
+        new = promote.promote()
+        self.weight = 100
+        self._record("promoted")
+        install_alerts(new.release_id, new.public_name, self.slo, self.config)
+
+    def rollback(self, reason: str) -> None:
+        self.logger.error("rolling back %s: %s", self.release_id, reason)
+        promote.rollback(reason=reason)
+        self._record("rolled back", reason=reason)
+
+
+def install_alerts(release_id: str, service: str, slo: float, config: RolloutConfig) -> None:
+    """Alert rules for the release that is stable now; a failure is logged, not raised:
+    the release is already serving."""
+    logger = get_run_logger()
+    try:
+        path = alerts.install_for_stable(release_id, service, slo, config.analysis)
+    except ReleaseError as exc:
+        logger.error("alert rules for %s not loaded: %s", release_id, exc.one_line())
+        return
+    logger.info("alert rules for the stable release %s loaded from %s", release_id, path)
+
+
+def walk_canary(
+    config: RolloutConfig,
+    release_id: str,
+    service: str,
+    slo_ttft_p95_s: float,
+    current_weight: int | None = None,
+) -> RolloutOutcome:
+    """Walk the live canary to 100% or back to 0, driving demo traffic if configured."""
+    actions = FlowActions(config, release_id, service, slo_ttft_p95_s)
+    actions.weight = current_weight or config.first_weight
+    traffic = None
+    if config.mode == "progressive" and config.traffic is not None:
+        router_url = promote.router_for(registry.load()).url
+        # Bounded: long enough for every window the policy can ask for, stopped at the end.
+        traffic = Traffic(
+            router_url,
+            service,
+            rate_rps=config.traffic.rate_rps,
+            duration_s=rollout.longest_rollout_s(config),
+            concurrency=config.traffic.concurrency,
+            max_tokens=config.traffic.max_tokens,
+        )
+        traffic.start()
+    try:
+        outcome = rollout.walk(config, release_id, actions, current_weight)
+    except BaseException as exc:
+        # A walk that cannot go on leaves no canary unwatched: it goes back to 0.
+        with contextlib.suppress(Exception):
+            if actions.still_canary():
+                actions.rollback(f"rollout interrupted: {one_line(exc)}")
+        raise
+    finally:
+        report = traffic.stop() if traffic is not None else None
+    if report is not None:
+        outcome.traffic = report
+        get_run_logger().info("demo traffic: %d requests, %d failed", report.sent, report.failed)
+    if outcome.status in ("held", "overridden"):
+        actions._record(outcome.status, reason=outcome.reason)
+    create_markdown_artifact(
+        key="canary-rollout",
+        markdown=f"**{outcome.status}**: {outcome.reason}\n\n"
+        + rollout.evidence_markdown(outcome.windows),
+        description=f"canary {release_id}: {outcome.status}",
+    )
+    return outcome
+
+
+@flow(name="canary-rollout")
+def canary_rollout(rollout_config: RolloutConfig, slo_ttft_p95_s: float = 3.0) -> RolloutOutcome:
+    """Walk the live canary (for a release deployed with ``rollout.mode: hold``, or one
+    whose walk was interrupted): the same steps, windows, approval and rollback."""
+    state = registry.load()
+    if state.canary is None:
+        raise StateError(
+            "there is no live canary to roll out",
+            hint="run a release first; 'llm-release canary status' shows the current releases",
+        )
+    config = rollout_config.model_copy(update={"mode": "progressive"})
+    return walk_canary(
+        config,
+        state.canary.release_id,
+        state.canary.public_name,
+        slo_ttft_p95_s,
+        current_weight=state.canary_weight,
+    )
