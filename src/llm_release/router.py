@@ -289,6 +289,12 @@ class Router:
         self.command(f"set server {server} weight {target.weight}")
         self.command(f"set server {server} state ready")
         self.command(f"enable health {server}")
+        # The pipeline points a slot only at a server it has seen answer (ready = /health
+        # and one completion). A slot re-pointed from a stopped server is still DOWN until
+        # its next check; if the other slot is parked in that second, HAProxy has no server
+        # and answers 503 (one of 234 demo requests at a promotion, 2026-11-30). Checks go
+        # on, and take it out again if it fails.
+        self.command(f"set server {server} health up")
 
     def set_weight(self, slot: str, weight: int) -> None:
         self.command(f"set server {BACKEND}/{slot} weight {int(weight)}")

@@ -95,6 +95,22 @@ def test_slot_retarget_without_restart(router, backends):
     assert router.pid() == pid
 
 
+def test_a_slot_repointed_from_a_dead_server_serves_at_once(router, backends):
+    # A promotion re-points the stable slot from the stopped old release to the new one,
+    # then parks the canary slot: no request may find both slots out in between.
+    stable, canary = backends
+    router.set_target("stable", SlotTarget("127.0.0.1", free_port(), 50))
+    deadline = time.monotonic() + 15
+    while router.stats()["stable"]["status"] != "DOWN" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert router.stats()["stable"]["status"] == "DOWN"
+    router.set_target("stable", SlotTarget("127.0.0.1", stable.port, 100))
+    router.set_target("canary", None)
+    replies = [requests.get(f"{router.url}/x", timeout=5) for _ in range(5)]
+    assert [r.status_code for r in replies] == [200] * 5
+    assert {r.text for r in replies} == {"stable"}
+
+
 def test_haproxy_does_not_inherit_hub_tokens(home, backends, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_router_must_not_see")
     monkeypatch.setenv("PREFECT_API_KEY", "pnu_router_must_not_see")
