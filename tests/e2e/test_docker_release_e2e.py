@@ -74,9 +74,9 @@ def test_release_with_the_docker_backend(prefect_api, home, hub):
                 "evaluation": {"eval_sets": ["refusal_kb"], "limit": 2},
                 "load": {
                     "concurrencies": [1],
-                    "requests_per_level": 2,
-                    "prompt_tokens": 16,
-                    "output_tokens": 4,
+                    "requests_per_level": 4,
+                    "prompt_tokens": 32,
+                    "output_tokens": 8,
                 },
                 "gates": {"ttft_p95_slo_s": 120},
                 "review": {"auto": "approve"},
@@ -88,7 +88,7 @@ def test_release_with_the_docker_backend(prefect_api, home, hub):
     results = {r["name"]: r for r in report["results"]}
     for name in ("baseline", "fp8-dynamic"):
         assert results[name]["status"] == "measured", results[name]["error"]
-        assert results[name]["load"]["levels"][0]["requests"] == 2
+        assert results[name]["load"]["levels"][0]["requests"] == 4
         log = (home / "runs" / out.run_id / "candidates" / name / "vllm.log").read_text()
         assert log.startswith("$ docker run llmr-") and "Starting vLLM server" in log
     assert out.winner == "fp8-dynamic", out.summary

@@ -351,14 +351,22 @@ def _is_recorded(container: Any, release: Release) -> bool:
 
 
 def release_alive(release: Release) -> bool:
-    found = _find(release.container)
+    try:
+        found = _find(release.container)
+    except ServeError as exc:  # no daemon: nothing of it can be serving
+        log.warning("%s: %s", release.release_id, exc.one_line())
+        return False
     return found is not None and found.status == "running" and _is_recorded(found, release)
 
 
 def stop_release(release: Release, grace_s: float = 20) -> bool:
     """Stop and remove the release's container, its log copied to the release's log file
     first; False when it was not running (a stopped one of ours is removed all the same)."""
-    found = _find(release.container)
+    try:
+        found = _find(release.container)
+    except ServeError as exc:
+        log.warning("cannot stop %s: %s", release.release_id, exc.one_line())
+        return False
     if found is None or not _is_recorded(found, release):
         return False
     was_running = found.status == "running"
