@@ -2,12 +2,15 @@
 container of the locally built CPU image, behind the same HAProxy, through promotion to a
 canary, rollback and ``down``. Lean on purpose (one FP8 candidate, one eval set of two
 items, one load level): the flow's logic is covered by test_release_e2e.py; this one
-proves the backend is invisible to it."""
+proves the backend is invisible to it, and checks a served container directly (chat
+completions, /metrics, its port and mounts) rather than starting one more in an
+integration test (each vLLM start costs 30-60 s on 2 cores)."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -122,6 +125,32 @@ def test_release_with_the_docker_backend(prefect_api, home, hub):
     assert chat.status_code == 200, chat.text
     for _ in range(20):
         assert requests.get(f"{status['lb_url']}/v1/models", timeout=10).status_code == 200
+
+    # The canary's container itself: chat completions and vLLM's Prometheus metrics on a
+    # port published on 127.0.0.1 only, the model mounted read-only, the locally built image.
+    canary_url = f"http://127.0.0.1:{state.canary.port}"
+    direct = requests.post(
+        f"{canary_url}/v1/chat/completions",
+        json={
+            "model": state.canary.release_id,
+            "messages": [{"role": "user", "content": "What is the torque?"}],
+            "max_tokens": 4,
+        },
+        timeout=60,
+    )
+    assert direct.status_code == 200 and direct.json()["choices"][0]["message"]["content"]
+    metrics = requests.get(f"{canary_url}/metrics", timeout=10).text
+    assert "vllm:num_requests_running" in metrics and "vllm:time_to_first_token_seconds" in metrics
+    container = client().containers.get(state.canary.container)
+    assert container.image.tags == [image.local_image()]
+    assert container.labels[label("role")] == "canary"
+    assert container.attrs["HostConfig"]["PortBindings"] == {
+        "8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(state.canary.port)}]
+    }
+    mounts = {m["Destination"]: m["RW"] for m in container.attrs["Mounts"]}
+    assert mounts[str(Path(state.canary.model_dir).resolve())] is False, (
+        "the model must be mounted read-only"
+    )
 
     # Rollback: the canary's container is drained and removed, its log kept in the home.
     cli("canary", "rollback")
