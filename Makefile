@@ -8,6 +8,9 @@ export PREFECT_LOGGING_EXTRA_LOGGERS ?= llm_release
 HUB_PORT ?= 8765
 PREFECT_PORT ?= 4200
 ROUTER_PORT ?= 8080
+# The demo's serving backend: process (vLLM from .venv-vllm) or docker (a container of the
+# locally built vLLM CPU image, built first: 'make demo SERVING_BACKEND=docker').
+SERVING_BACKEND ?= process
 export LLM_RELEASE_ROUTER_PORT := $(ROUTER_PORT)
 PROMETHEUS_PORT ?= 9090
 export LLM_RELEASE_PROMETHEUS_PORT := $(PROMETHEUS_PORT)
@@ -17,17 +20,22 @@ PIDS := $(LLM_RELEASE_HOME)/pids
 HUB_URL := http://127.0.0.1:$(HUB_PORT)
 PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 
-.PHONY: help setup demo test test-fast lint hub-up prefect-up down status bench
+.PHONY: help setup image demo test test-fast lint hub-up prefect-up down status bench
 
 help:
 	@echo "make demo      set up everything, release SmolLM2-135M-Instruct, then walk its next revision as a canary"
 	@echo "make test      set up everything and run the whole test suite"
 	@echo "make down      stop every server the project started (Prometheus keeps its data)"
+	@echo "make image     build the docker backend's vLLM CPU image (reused while its inputs hold)"
+	@echo "make demo SERVING_BACKEND=docker   the demo with vLLM in containers"
 	@echo "make status    show the releases behind the load balancer"
 
 setup:
 	@start=$$(date +%s); bash scripts/setup.sh && echo "setup: $$(( $$(date +%s) - start )) s"
 	@mkdir -p $(PREFECT_HOME)
+
+image: setup
+	@start=$$(date +%s); $(CLI) image build && echo "image: $$(( $$(date +%s) - start )) s"
 
 hub-up: setup
 	@mkdir -p $(PIDS)
@@ -50,10 +58,11 @@ prefect-up: setup
 	  curl -sf $(PREFECT_API)/health >/dev/null || { echo "Prefect server did not start; see $(LLM_RELEASE_HOME)/prefect-server.log"; exit 1; }; \
 	fi
 
-demo: hub-up prefect-up
+demo: hub-up prefect-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	@start=$$(date +%s); \
 	PREFECT_API_URL=$(PREFECT_API) HF_ENDPOINT=$(HUB_URL) $(PY) -m flows.release \
-	  --hub-endpoint $(HUB_URL) --config configs/demo.json --output $(LLM_RELEASE_HOME)/demo-result.json; \
+	  --hub-endpoint $(HUB_URL) --config configs/demo.json --serving-backend $(SERVING_BACKEND) \
+	  --output $(LLM_RELEASE_HOME)/demo-result.json; \
 	rc=$$?; end=$$(date +%s); \
 	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	report=$$(jq -r .report $(LLM_RELEASE_HOME)/demo-result.json); \
@@ -65,7 +74,8 @@ demo: hub-up prefect-up
 	$(CLI) hub publish-demo --update || exit $$?; \
 	start=$$(date +%s); \
 	PREFECT_API_URL=$(PREFECT_API) HF_ENDPOINT=$(HUB_URL) $(PY) -m flows.model_update \
-	  --hub-endpoint $(HUB_URL) --config configs/demo-update.json --output $(LLM_RELEASE_HOME)/demo-update.json; \
+	  --hub-endpoint $(HUB_URL) --config configs/demo-update.json --serving-backend $(SERVING_BACKEND) \
+	  --output $(LLM_RELEASE_HOME)/demo-update.json; \
 	rc=$$?; end=$$(date +%s); \
 	if [ $$rc -ne 0 ]; then echo "the update failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	echo; jq -r '"model-update: " + .status + " — " + .detail' $(LLM_RELEASE_HOME)/demo-update.json; \
@@ -83,7 +93,8 @@ demo: hub-up prefect-up
 status:
 	@$(CLI) canary status
 
-test: setup
+# The image is built before the tests (its time printed on its own); the docker tests find it.
+test: setup image
 	.venv/bin/ruff check .
 	$(PY) -m pytest -v --durations=30
 

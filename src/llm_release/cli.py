@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from . import paths
@@ -146,6 +147,28 @@ def cmd_down(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from . import image
+
+    if args.action == "build":
+        started = time.monotonic()
+        result = image.build(force=args.force)
+        took = time.monotonic() - started
+        steps = ", ".join(f"{k} {v:.0f} s" for k, v in result.seconds.items()) or "nothing built"
+        print(
+            f"image {result.tag}: {result.size_bytes / 1e9:.2f} GB, {took:.0f} s ({steps})",
+            flush=True,
+        )
+        return 0
+    info = {
+        "cpu_image": image.local_image(),
+        "base_image": image.base_tag(),
+        "gpu_image": image.OFFICIAL_IMAGE,
+    }
+    print(json.dumps(info, indent=2))
+    return 0
 
 
 def cmd_eval_sets(args: argparse.Namespace) -> int:
@@ -398,6 +421,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
+
+    images = sub.add_parser("image", help="the docker backend's vLLM image")
+    images.add_argument(
+        "action",
+        choices=["build", "show"],
+        help="build: the vLLM CPU image from debootstrap + a wheelhouse (idempotent); "
+        "show: the image tags the docker backend uses",
+    )
+    images.add_argument("--force", action="store_true", help="build again even if present")
+    images.set_defaults(func=cmd_image)
 
     down = sub.add_parser("down", help="stop every server the project started")
     down.set_defaults(func=cmd_down)

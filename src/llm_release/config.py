@@ -131,12 +131,97 @@ class ServingConfig(StrictModel):
         description="allow extra_args / extra_serving_args that change where vLLM listens, "
         "what code it trusts or which model it loads (see README, Security)",
     )
+    # Where vLLM runs. Both backends build the same vLLM arguments from the fields below.
+    backend: Literal["process", "docker"] = Field(
+        "process",
+        description="process: a vLLM process in the serving virtualenv (the embedded "
+        "default); docker: one container per candidate or release through the Docker SDK",
+    )
+    image: str = Field(
+        "auto",
+        description="the docker backend's image. auto: the official vLLM OpenAI server image "
+        "at the pinned tag on a GPU host, the locally built vLLM CPU image "
+        "('llm-release image build') elsewhere; or any image reference present on the host",
+    )
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size")
+    enable_expert_parallel: bool = Field(
+        False, description="vLLM --enable-expert-parallel: MoE experts spread over the TP ranks"
+    )
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="vLLM --kv-cache-dtype (fp8 halves the KV bytes per token)"
+    )
+    gpus: Literal["auto", "all"] | int | list[int] = Field(
+        "auto",
+        description="GPUs a server gets on a GPU host: auto (tensor_parallel_size free GPUs), "
+        "all, a count of free GPUs, or a list of GPU indices; never GPUs another running "
+        "server of this project holds",
+    )
+    shm_size_gib: float = Field(
+        4, gt=0, description="the container's /dev/shm (PyTorch shares tensors between ranks)"
+    )
+    ipc_host: bool = Field(
+        False,
+        description="the container shares the host's IPC namespace instead of its own "
+        "shm_size_gib /dev/shm (vLLM's docs offer either for tensor parallelism)",
+    )
 
     @model_validator(mode="after")
     def _safe_extra_args(self) -> ServingConfig:
         if not self.allow_unsafe_serving_args:
             check_serving_args(self.extra_args, "serving.extra_args")
         return self
+
+    @model_validator(mode="after")
+    def _parallel_settings(self) -> ServingConfig:
+        if self.image != "auto" and not re.fullmatch(IMAGE_REF, self.image):
+            raise ValueError(
+                f"serving.image {self.image[:100]!r} is not an image reference "
+                "(e.g. vllm/vllm-openai:v0.32.0 or registry:5000/team/vllm@sha256:…)"
+            )
+        if isinstance(self.gpus, list):
+            if not self.gpus or len(set(self.gpus)) != len(self.gpus) or min(self.gpus) < 0:
+                raise ValueError("serving.gpus: a list of distinct GPU indices (0, 1, …)")
+        wanted = len(self.gpus) if isinstance(self.gpus, list) else self.gpus
+        if isinstance(wanted, int) and wanted < self.tensor_parallel_size:
+            raise ValueError(
+                f"serving.gpus gives {wanted} GPU(s), fewer than tensor_parallel_size "
+                f"{self.tensor_parallel_size} (one GPU per tensor-parallel rank)"
+            )
+        # One source per setting: a typed field and the same flag in extra_args would
+        # disagree silently (vLLM keeps the last one).
+        typed = {
+            "--tensor-parallel-size": self.tensor_parallel_size != 1,
+            "--enable-expert-parallel": self.enable_expert_parallel,
+            "--kv-cache-dtype": self.kv_cache_dtype != "auto",
+        }
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0].replace("_", "-")
+            flag = "--tensor-parallel-size" if flag == "-tp" else flag
+            if typed.get(flag):
+                field = flag[2:].replace("-", "_")
+                raise ValueError(
+                    f"serving.extra_args sets {flag} and serving.{field} sets it too: keep one"
+                )
+        return self
+
+    def parallel_args(self) -> list[str]:
+        """The typed parallelism and KV settings as vLLM arguments (defaults are omitted,
+        so a CPU command line stays what vLLM CPU accepts)."""
+        args: list[str] = []
+        if self.tensor_parallel_size != 1:
+            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.enable_expert_parallel:
+            args.append("--enable-expert-parallel")
+        if self.kv_cache_dtype != "auto":
+            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        return args
+
+
+# An image reference: [registry[:port]/]name[:tag][@sha256:digest], no spaces or options.
+IMAGE_REF = (
+    r"[a-z0-9][a-z0-9.-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
+)
 
 
 # vLLM arguments the pipeline sets itself or never wants from a parameter: they would

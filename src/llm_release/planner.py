@@ -749,7 +749,7 @@ def request_for_serving(
     ``extra_args`` that change the KV arithmetic (--kv-cache-dtype, --max-num-batched-tokens,
     --block-size, --tensor-parallel-size). ``dtype`` is the served dtype once resolved
     (serving.dtype 'fastest' is resolved per host by serve.resolve_dtype)."""
-    args = list(serving.extra_args) + list(extra_args or [])
+    args = serving.parallel_args() + list(serving.extra_args) + list(extra_args or [])
     served = dtype or serving.dtype
     if served not in ("auto", "bfloat16", "float16", "float32"):
         raise ConfigError(

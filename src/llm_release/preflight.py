@@ -34,6 +34,8 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
             f"the serving virtualenv is missing ({paths.vllm_python()})",
             hint="run 'make setup', or point LLM_RELEASE_VLLM_PYTHON at a python with vLLM",
         )
+    if config.serving.backend == "docker":
+        check_docker(config)
     if shutil.which("haproxy") is None:
         raise RouterError(
             "haproxy is not installed", hint="run 'make setup' (apt-get install haproxy)"
@@ -92,3 +94,28 @@ def check_service(config: ReleaseConfig) -> tuple[Release | None, str]:
             "or set replaces_service: true to replace this service's model",
         )
     return stable, stable.public_name
+
+
+def check_docker(config: ReleaseConfig) -> str:
+    """The docker backend can start containers here: the daemon answers and the image is on
+    the host (nothing is pulled during a release). Returns the image."""
+    from .backends.docker import _errors, client, resolve_image
+
+    docker = client()
+    try:
+        docker.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure to talk to the daemon
+        raise ServeError(
+            f"the Docker daemon does not answer ({' '.join(str(exc).split())[:200]})",
+            hint="'make setup' installs docker.io and starts dockerd; or set DOCKER_HOST",
+        ) from exc
+    image = resolve_image(config.serving)
+    try:
+        docker.images.get(image)
+    except _errors().ImageNotFound:
+        raise ServeError(
+            f"serving.backend is docker and the image {image} is not on the Docker host",
+            hint="run 'llm-release image build' (the local vLLM CPU image), or "
+            f"'docker pull {image}' on a host that reaches the registry",
+        ) from None
+    return image

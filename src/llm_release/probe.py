@@ -196,11 +196,17 @@ def probe_scheme(
     runtime: RuntimeInfo,
     *,
     startup_timeout_s: float = 600,
+    where: ServingConfig | None = None,
 ) -> SchemeSupport:
-    """Quantize a tiny model with the candidate's recipe and have the runtime answer with it."""
+    """Quantize a tiny model with the candidate's recipe and have the runtime answer with it
+    (in the backend and image of ``where``, the release's serving settings)."""
     from .demo_model import build_tiny_model
     from .quantize import quantize
-    from .serve import VllmServer, diagnose
+    from .serve import Owner, diagnose, make_server
+
+    backend = {"backend": "process"}
+    if where is not None and where.backend == "docker":
+        backend = where.model_dump(include={"backend", "image", "shm_size_gib", "ipc_host"})
 
     recipe = {
         "scheme": candidate.scheme,
@@ -216,6 +222,7 @@ def probe_scheme(
         recipe,
         version("llmcompressor"),
         version("compressed-tensors"),
+        *([backend] if backend["backend"] != "process" else []),
     )[:16]
     cache = paths.probes_dir() / f"scheme-{key}.json"
     cached = _read_cache(cache)
@@ -262,10 +269,12 @@ def probe_scheme(
         max_model_len=256,
         max_num_seqs=2,
         startup_timeout_s=startup_timeout_s,
+        **backend,
     )
     log_path = workdir / "vllm.log"
     try:
-        with VllmServer(built.model_dir, ["probe"], serving, log_path):
+        owner = Owner(role="candidate", candidate=f"probe-{candidate.name}")
+        with make_server(built.model_dir, ["probe"], serving, log_path, owner=owner):
             pass
     except ServeError as exc:
         text = log_path.read_text(errors="replace") if log_path.exists() else ""
@@ -327,7 +336,9 @@ def plan_serving(
     )
     if probe:
         for candidate in candidates:
-            plan.schemes.append(probe_scheme(candidate, served, Path(model_dir), host, runtime))
+            plan.schemes.append(
+                probe_scheme(candidate, served, Path(model_dir), host, runtime, where=serving)
+            )
     return plan
 
 

@@ -62,9 +62,19 @@ def started_before(pid: int, moment: float) -> bool:
     return is_alive(pid) and started is not None and started <= moment + 1.0
 
 
+def in_my_pid_namespace(pid: int) -> bool:
+    """False for a process of a container (another PID namespace): the docker backend's
+    servers are stopped through the daemon, never by signalling their processes."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return True  # no /proc namespace links (not Linux): no containers to tell apart
+
+
 def under_home(home: Path) -> list[int]:
     """Group leaders of this user's vLLM servers, HAProxy and Prometheus whose command line
-    names a path under ``home``: what the project started there, records or not."""
+    names a path under ``home``: what the project started there, records or not (processes
+    in containers excepted: they are the docker backend's)."""
     home_text = str(Path(home).resolve())
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
@@ -72,6 +82,8 @@ def under_home(home: Path) -> list[int]:
             cmdline = proc.info["cmdline"] or []
             uids = proc.info["uids"]
             if uids is None or uids.real != os.getuid() or proc.pid == os.getpid():
+                continue
+            if not in_my_pid_namespace(proc.pid):
                 continue
             text = " ".join(cmdline)
             if home_text + "/" not in text:

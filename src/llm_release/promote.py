@@ -17,12 +17,12 @@ from pathlib import Path
 
 import requests
 
-from . import paths, processes, prometheus, registry, safety
+from . import backends, paths, processes, prometheus, registry, safety
 from .config import ServingConfig
 from .errors import ConfigError, ReleaseError, RouterError, StateError
 from .registry import RegistryState, Release
 from .router import Router, SlotTarget
-from .serve import free_port, start_detached, stop_process_group
+from .serve import Endpoint, Owner, free_port, start_detached, stop_process_group
 
 DEFAULT_ROUTER_PORT = 8080
 # How often a drain looks at the in-flight counts (HAProxy's socket and vLLM's /metrics).
@@ -52,15 +52,24 @@ def router_for(state: RegistryState) -> Router:
 
 def release_alive(release: Release) -> bool:
     """The recorded server still runs: same pid and start time (older records: a command
-    line naming the release). A reused pid is some other process, never ours."""
-    return processes.is_same(release.pid, release.pid_started, cmdline_has=release.release_id)
+    line naming the release), or the release's own container. A reused pid is some other
+    process, never ours."""
+    return backends.release_alive(release)
 
 
 def stop_release(release: Release) -> bool:
-    """Stop ``release``'s server if it is still the recorded process; False otherwise."""
-    if not release_alive(release):
-        return False
-    return stop_process_group(release.pid)
+    """Stop ``release``'s server if it is still the recorded one; False otherwise."""
+    return backends.stop_release(release)
+
+
+def _server_identity(endpoint: Endpoint) -> dict:
+    """What a release records of its server, whichever backend runs it."""
+    return {
+        "port": endpoint.port,
+        "pid": endpoint.pid,
+        "pid_started": processes.start_time(endpoint.pid) if endpoint.pid else None,
+        "container": endpoint.container,
+    }
 
 
 def ensure_no_canary() -> None:
@@ -76,7 +85,12 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
     release_id = f"{target.candidate}-{target.commit[:8]}-{time.strftime('%Y%m%d%H%M%S')}"
     log_path = paths.home() / "servers" / f"{role}-{release_id}.log"
     endpoint = start_detached(
-        target.model_dir, [public_name, release_id], target.serving, log_path, port=free_port()
+        target.model_dir,
+        [public_name, release_id],
+        target.serving,
+        log_path,
+        port=free_port(),
+        owner=Owner(role=role, release_id=release_id, candidate=target.candidate),
     )
     return Release(
         release_id=release_id,
@@ -86,9 +100,7 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
         commit=target.commit,
         model_dir=str(target.model_dir),
         public_name=public_name,
-        port=endpoint.port,
-        pid=endpoint.pid,
-        pid_started=processes.start_time(endpoint.pid),
+        **_server_identity(endpoint),
         log_path=str(log_path),
         run_dir=str(target.run_dir) if target.run_dir else None,
         serving=target.serving,
@@ -112,14 +124,9 @@ def _restart(release: Release) -> Release:
         release.serving,
         Path(release.log_path),
         port=free_port(),
+        owner=Owner(role="stable", release_id=release.release_id, candidate=release.candidate),
     )
-    return release.model_copy(
-        update={
-            "port": endpoint.port,
-            "pid": endpoint.pid,
-            "pid_started": processes.start_time(endpoint.pid),
-        }
-    )
+    return release.model_copy(update=_server_identity(endpoint))
 
 
 def _slot(release: Release | None, weight: int) -> SlotTarget | None:
@@ -184,7 +191,7 @@ def deploy(
             _apply(router_for(state), state)
         except BaseException:
             for release in started:
-                stop_process_group(release.pid)
+                stop_release(release)
             raise
         if state.canary:
             state.log("canary", release=state.canary.release_id, weight=canary_weight)
@@ -394,7 +401,10 @@ def down(problems: list[str] | None = None) -> list[str]:
         error, state = exc, RegistryState()
     for release in (state.canary, state.stable):
         if release is not None and stop_release(release):
-            stopped.append(f"vLLM {release.release_id} (pid {release.pid})")
+            server = (
+                f"container {release.container[:12]}" if release.container else f"pid {release.pid}"
+            )
+            stopped.append(f"vLLM {release.release_id} ({server})")
     if router_for(state).stop():
         stopped.append("HAProxy")
     # Its data stays under the home: the next release adds to the same history.
@@ -403,6 +413,8 @@ def down(problems: list[str] | None = None) -> list[str]:
     for pid in processes.under_home(paths.home()):
         if stop_process_group(pid, grace_s=10):
             stopped.append(f"unrecorded server (pid {pid})")
+    # Containers labelled with this project and home, recorded or not (none without Docker).
+    stopped += backends.sweep_containers(paths.home(), everything=True)
     if error is not None:
         if problems is None:
             raise error

@@ -33,9 +33,11 @@ class Release(BaseModel):
     model_dir: str
     public_name: str
     port: int
-    pid: int
-    # The process's start time: with the pid, its identity (a pid alone can be reused).
+    # The process backend's server: its pid and start time, together its identity (a pid
+    # alone can be reused). The docker backend's: ``container`` (id), and pid 0.
+    pid: int = 0
     pid_started: float | None = None
+    container: str | None = None
     log_path: str
     run_dir: str | None = None
     serving: ServingConfig

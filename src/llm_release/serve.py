@@ -1,4 +1,10 @@
-"""Run one vLLM OpenAI-compatible server per candidate, in the serving virtualenv."""
+"""Run one vLLM OpenAI-compatible server per candidate or release.
+
+``Server`` is the endpoint contract (readiness, log tail and likely cause, stop); the
+process backend (``VllmServer``, a process of the serving virtualenv) lives here, the
+docker backend in ``backends/docker.py``. ``make_server`` picks one by
+``serving.backend``; the rest of the pipeline never knows which one runs.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,13 @@ import signal
 import socket
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from . import hardware, paths
+from . import hardware, paths, processes
 from .config import ServingConfig
 from .credentials import child_env
 from .errors import ConfigError, ServeError
@@ -81,6 +88,9 @@ def has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+
+
 def build_command(
     python: Path,
     model_dir: Path,
@@ -90,14 +100,28 @@ def build_command(
     *,
     cuda: bool,
 ) -> list[str]:
+    """The process backend's command line: the serving python, vLLM's module, its args."""
+    return [str(python), "-m", VLLM_MODULE] + vllm_args(
+        model_dir, "127.0.0.1", port, served_names, serving, cuda=cuda
+    )
+
+
+def vllm_args(
+    model_dir: Path,
+    host: str,
+    port: int,
+    served_names: list[str],
+    serving: ServingConfig,
+    *,
+    cuda: bool,
+) -> list[str]:
+    """vLLM's arguments, the same for both backends (a container listens on its own
+    network namespace's address, published on the host's 127.0.0.1 only)."""
     cmd = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
         "--model",
         str(model_dir),
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(port),
         "--served-model-name",
@@ -117,6 +141,7 @@ def build_command(
         cmd.append("--enforce-eager")
     if cuda:
         cmd += ["--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
+    cmd += serving.parallel_args()
     cmd += serving.extra_args
     return cmd
 
@@ -148,10 +173,32 @@ class Endpoint:
     port: int
     pid: int
     log_path: str
+    # The docker backend's container (id); the process backend's server is ``pid``.
+    container: str | None = None
 
 
-class VllmServer:
-    """A vLLM process. Use as a context manager so it is torn down on every exit path."""
+@dataclass(frozen=True)
+class Owner:
+    """What a server is for: its role and the run or release it belongs to. The docker
+    backend names and labels its container with it; both backends key GPU claims by it."""
+
+    role: str = "candidate"  # candidate | stable | canary
+    run_id: str | None = None
+    release_id: str | None = None
+    candidate: str | None = None
+
+    def key(self) -> str:
+        parts = [self.role, self.release_id or self.run_id or "", self.candidate or ""]
+        return "-".join(p for p in parts if p)
+
+
+class Server(ABC):
+    """A vLLM OpenAI-compatible server, wherever it runs. The endpoint contract is the
+    same for every backend: ready only when ``/health`` answers and one completion came
+    back, a failure carries the log tail and the likely cause, ``stop`` on every exit path
+    (use it as a context manager)."""
+
+    backend = "abstract"
 
     def __init__(
         self,
@@ -161,6 +208,7 @@ class VllmServer:
         log_path: Path,
         *,
         port: int | None = None,
+        owner: Owner | None = None,
     ) -> None:
         if not served_names:
             raise ConfigError("a vLLM server needs at least one served model name")
@@ -169,73 +217,103 @@ class VllmServer:
         self.serving = serving
         self.log_path = Path(log_path)
         self.port = port or free_port()
-        self.process: subprocess.Popen | None = None
+        self.owner = owner or Owner(candidate=served_names[0])
+        self.gpus: list[int] = []
+        self.started = False
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def gpu_holder(self) -> str:
+        return f"{self.owner.key()}@{self.port}"
+
     def endpoint(self) -> Endpoint:
-        assert self.process is not None
         return Endpoint(
             base_url=self.base_url,
             served_name=self.served_names[0],
             metrics_url=f"{self.base_url}/metrics",
             port=self.port,
-            pid=self.process.pid,
+            pid=self.pid(),
             log_path=str(self.log_path),
+            container=self.container_id(),
         )
 
-    def start(self) -> Endpoint:
-        python = paths.vllm_python()
-        if not python.exists():
-            raise ServeError(
-                f"the serving virtualenv's python {python} does not exist",
-                hint="run 'make setup' to create .venv-vllm, or set LLM_RELEASE_VLLM_PYTHON",
-            )
+    def pid(self) -> int:
+        return 0
+
+    def container_id(self) -> str | None:
+        return None
+
+    def _prepare(self) -> None:
+        """Checks and settings both backends share, before anything starts."""
         if not (self.model_dir / "config.json").exists():
             raise ServeError(
                 f"{self.model_dir} has no config.json", hint="re-run the acquire stage"
             )
         if self.serving.dtype == "fastest":
             self.serving = resolve_dtype(self.serving, self.model_dir)
-        cmd = build_command(
-            python, self.model_dir, self.port, self.served_names, self.serving, cuda=has_cuda()
-        )
-        env = server_env(self.serving)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            log.write(f"$ {' '.join(cmd)}\n".encode())
-            log.flush()
-            # Own session: the whole process tree can be signalled, and it outlives the
-            # caller when a release keeps it running behind the router.
-            self.process = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                start_new_session=True,
+
+    def _claim_gpus(self) -> None:
+        from . import gpus
+
+        if has_cuda():
+            self.gpus = gpus.claim(
+                self.gpu_holder, self.serving, gpus.host_gpus(), backend=self.serving.backend
             )
-        return self.endpoint()
+
+    def _give_back_gpus(self) -> None:
+        if self.gpus:
+            from . import gpus
+
+            gpus.give_back(self.gpu_holder)
+            self.gpus = []
+
+    @abstractmethod
+    def start(self) -> Endpoint: ...
+
+    @abstractmethod
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has exited; None while it runs."""
+
+    @abstractmethod
+    def stop(self, grace_s: float = 20) -> None: ...
+
+    def sync_log(self) -> None:  # noqa: B027 - a hook: the process writes its log itself
+        """Bring ``log_path`` up to date (the docker backend copies the container's log)."""
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        text = self.log_text()
         return "\n".join(text.splitlines()[-lines:])
 
+    def log_text(self, max_bytes: int = 2_000_000) -> str:
+        self.sync_log()
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(max(0, self.log_path.stat().st_size - max_bytes))
+                return fh.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.started and self.exit_code() is None
+
+    def what(self) -> str:
+        return f"vLLM for {self.served_names[-1]}"
+
     def wait_healthy(self, timeout_s: float | None = None) -> Endpoint:
-        assert self.process is not None, "start() first"
+        assert self.started, "start() first"
         timeout_s = timeout_s if timeout_s is not None else self.serving.startup_timeout_s
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            code = self.process.poll()
+            code = self.exit_code()
             if code is not None:
+                text = self.log_text()
                 raise ServeError(
-                    f"vLLM for {self.served_names[-1]} exited with code {code} before it was "
-                    f"healthy; likely cause: {diagnose(self.log_text())}",
+                    f"{self.what()} exited with code {code} before it was "
+                    f"healthy; likely cause: {diagnose(text)}",
                     log_tail=self.log_tail(),
                 )
             try:
@@ -250,8 +328,7 @@ class VllmServer:
         cause = diagnose(self.log_text())
         self.stop()
         raise ServeError(
-            f"vLLM for {self.served_names[-1]} was not healthy after {timeout_s:.0f}s; "
-            f"likely cause: {cause}",
+            f"{self.what()} was not healthy after {timeout_s:.0f}s; likely cause: {cause}",
             log_tail=tail,
             hint="raise serving.startup_timeout_s if the machine is slow (first start compiles)",
         )
@@ -275,42 +352,21 @@ class VllmServer:
 
     def died_error(self, during: str, problem: str = "") -> ServeError:
         """The error for a server that failed after /health: cause and tail from its log."""
-        assert self.process is not None
         for _ in range(10):  # the engine's traceback reaches the log a moment later
-            if self.process.poll() is not None:
+            if self.exit_code() is not None:
                 break
             time.sleep(0.5)
-        code = self.process.poll()
+        code = self.exit_code()
         state = f"exited with code {code}" if code is not None else "stopped answering"
         text = self.log_text()
         return ServeError(
-            f"vLLM for {self.served_names[-1]} {state} during {during}"
+            f"{self.what()} {state} during {during}"
             + (f" ({problem})" if problem else "")
             + f"; likely cause: {diagnose(text)}",
             log_tail=self.log_tail(),
         )
 
-    def log_text(self, max_bytes: int = 2_000_000) -> str:
-        try:
-            with self.log_path.open("rb") as fh:
-                fh.seek(max(0, self.log_path.stat().st_size - max_bytes))
-                return fh.read().decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def stop(self, grace_s: float = 20) -> None:
-        if self.process is None:
-            return
-        stop_process_group(self.process.pid, grace_s)
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def __enter__(self) -> VllmServer:
+    def __enter__(self) -> Server:
         self.start()
         try:
             self.wait_healthy()
@@ -321,6 +377,76 @@ class VllmServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class VllmServer(Server):
+    """The process backend: a vLLM process of the serving virtualenv in its own session."""
+
+    backend = "process"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.process: subprocess.Popen | None = None
+
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+    def start(self) -> Endpoint:
+        python = paths.vllm_python()
+        if not python.exists():
+            raise ServeError(
+                f"the serving virtualenv's python {python} does not exist",
+                hint="run 'make setup' to create .venv-vllm, or set LLM_RELEASE_VLLM_PYTHON",
+            )
+        self._prepare()
+        cuda = has_cuda()
+        cmd = build_command(
+            python, self.model_dir, self.port, self.served_names, self.serving, cuda=cuda
+        )
+        env = server_env(self.serving)
+        self._claim_gpus()
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        try:
+            with self.log_path.open("ab") as log:
+                log.write(f"$ {' '.join(cmd)}\n".encode())
+                log.flush()
+                # Own session: the whole process tree can be signalled, and it outlives the
+                # caller when a release keeps it running behind the router.
+                self.process = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+        except BaseException:
+            self._give_back_gpus()
+            raise
+        self.started = True
+        if self.gpus:
+            from . import gpus
+
+            gpus.bind(
+                self.gpu_holder,
+                pid=self.process.pid,
+                pid_started=processes.start_time(self.process.pid),
+            )
+        return self.endpoint()
+
+    def exit_code(self) -> int | None:
+        return self.process.poll() if self.process is not None else None
+
+    def stop(self, grace_s: float = 20) -> None:
+        if self.process is None:
+            return
+        stop_process_group(self.process.pid, grace_s)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._give_back_gpus()
 
 
 def stop_process_group(pid: int, grace_s: float = 20) -> bool:
@@ -352,6 +478,25 @@ def _reap(pid: int) -> None:
         pass
 
 
+def make_server(
+    model_dir: Path,
+    served_names: list[str],
+    serving: ServingConfig,
+    log_path: Path,
+    *,
+    port: int | None = None,
+    owner: Owner | None = None,
+) -> Server:
+    """A server of the backend ``serving.backend`` names (not started)."""
+    if serving.backend == "docker":
+        from .backends.docker import DockerServer
+
+        cls: type[Server] = DockerServer
+    else:
+        cls = VllmServer
+    return cls(model_dir, served_names, serving, log_path, port=port, owner=owner)
+
+
 def start_detached(
     model_dir: Path,
     served_names: list[str],
@@ -359,9 +504,10 @@ def start_detached(
     log_path: Path,
     *,
     port: int | None = None,
+    owner: Owner | None = None,
 ) -> Endpoint:
     """Start a server that outlives this process (stable/canary behind the router)."""
-    server = VllmServer(model_dir, served_names, serving, log_path, port=port)
+    server = make_server(model_dir, served_names, serving, log_path, port=port, owner=owner)
     server.start()
     try:
         return server.wait_healthy()

@@ -1,0 +1,165 @@
+"""The release flow with ``serving.backend: docker``: every candidate and release is a vLLM
+container of the locally built CPU image, behind the same HAProxy, through promotion to a
+canary, rollback and ``down``. Lean on purpose (one FP8 candidate, one eval set of two
+items, one load level): the flow's logic is covered by test_release_e2e.py; this one
+proves the backend is invisible to it, and checks a served container directly (chat
+completions, /metrics, its port and mounts) rather than starting one more in an
+integration test (each vLLM start costs 30-60 s on 2 cores)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from llm_release import image, registry
+from llm_release.backends.docker import PROJECT, client, docker_available, label
+from tests.helpers import TINY_REPO, vllm_processes
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+
+@pytest.fixture(scope="module")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def cli(*args: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "llm_release.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def containers(home, **labels) -> dict[str, str]:
+    """name → status of the containers labelled with this project and home (and ``labels``)."""
+    wanted = {label("project"): PROJECT, label("home"): str(home.resolve())}
+    wanted |= {label(k): v for k, v in labels.items()}
+    found = client().containers.list(
+        all=True, filters={"label": [f"{k}={v}" for k, v in wanted.items()]}
+    )
+    return {c.name: c.status for c in found}
+
+
+def test_release_with_the_docker_backend(prefect_api, home, hub):
+    from flows.release import release
+    from llm_release.config import ReleaseConfig
+    from llm_release.serve import free_port
+
+    assert docker_available(), "the Docker daemon does not answer: 'make setup' starts it"
+    image.build()  # idempotent: reused when its inputs are unchanged
+    router_port = free_port()
+    out = release(
+        ReleaseConfig.model_validate(
+            {
+                "source": {"repo_id": TINY_REPO, "endpoint": hub.url},
+                "candidates": [{"name": "fp8-dynamic", "scheme": "FP8_DYNAMIC"}],
+                "serving": {
+                    "backend": "docker",
+                    "enforce_eager": True,
+                    "max_model_len": 512,
+                    "max_num_seqs": 4,
+                    # The FP8 scheme is served by the same vLLM build as the process
+                    # backend's (the image is that virtualenv's freeze): no second probe.
+                    "probe_schemes": False,
+                },
+                "evaluation": {"eval_sets": ["refusal_kb"], "limit": 2},
+                "load": {
+                    "concurrencies": [1],
+                    "requests_per_level": 4,
+                    "prompt_tokens": 32,
+                    "output_tokens": 8,
+                },
+                "gates": {"ttft_p95_slo_s": 120},
+                "review": {"auto": "approve"},
+                "router_port": router_port,
+            }
+        )
+    )
+    report = json.loads((home / "runs" / out.run_id / "report.json").read_text())
+    results = {r["name"]: r for r in report["results"]}
+    for name in ("baseline", "fp8-dynamic"):
+        assert results[name]["status"] == "measured", results[name]["error"]
+        assert results[name]["load"]["levels"][0]["requests"] == 4
+        log = (home / "runs" / out.run_id / "candidates" / name / "vllm.log").read_text()
+        assert log.startswith("$ docker run llmr-") and "Starting vLLM server" in log
+    assert out.winner == "fp8-dynamic", out.summary
+
+    # Candidates are gone; the stable and the canary are containers, and no vLLM process.
+    state = registry.load()
+    assert (state.stable.candidate, state.canary.candidate) == ("baseline", "fp8-dynamic")
+    assert state.stable.serving.backend == "docker" and state.stable.pid == 0
+    assert containers(home, role="candidate") == {}
+    running = containers(home)
+    assert sorted(running.values()) == ["running", "running"], running
+    assert {state.stable.container, state.canary.container} == {
+        client().containers.get(n).id for n in running
+    }
+    assert vllm_processes(under=home) == []
+
+    status = json.loads(cli("canary", "status", "--json"))
+    assert [(r["role"], r["weight"], r["process_alive"]) for r in status["releases"]] == [
+        ("stable", 95, True),
+        ("canary", 5, True),
+    ]
+    chat = requests.post(
+        f"{status['lb_url']}/v1/chat/completions",
+        json={
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 4,
+        },
+        timeout=60,
+    )
+    assert chat.status_code == 200, chat.text
+    for _ in range(20):
+        assert requests.get(f"{status['lb_url']}/v1/models", timeout=10).status_code == 200
+
+    # The canary's container itself: chat completions and vLLM's Prometheus metrics on a
+    # port published on 127.0.0.1 only, the model mounted read-only, the locally built image.
+    canary_url = f"http://127.0.0.1:{state.canary.port}"
+    direct = requests.post(
+        f"{canary_url}/v1/chat/completions",
+        json={
+            "model": state.canary.release_id,
+            "messages": [{"role": "user", "content": "What is the torque?"}],
+            "max_tokens": 4,
+        },
+        timeout=60,
+    )
+    assert direct.status_code == 200 and direct.json()["choices"][0]["message"]["content"]
+    metrics = requests.get(f"{canary_url}/metrics", timeout=10).text
+    assert "vllm:num_requests_running" in metrics and "vllm:time_to_first_token_seconds" in metrics
+    container = client().containers.get(state.canary.container)
+    assert container.image.tags == [image.local_image()]
+    assert container.labels[label("role")] == "canary"
+    assert container.attrs["HostConfig"]["PortBindings"] == {
+        "8000/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(state.canary.port)}]
+    }
+    mounts = {m["Destination"]: m["RW"] for m in container.attrs["Mounts"]}
+    assert mounts[str(Path(state.canary.model_dir).resolve())] is False, (
+        "the model must be mounted read-only"
+    )
+
+    # Rollback: the canary's container is drained and removed, its log kept in the home.
+    cli("canary", "rollback")
+    assert containers(home, role="canary") == {}
+    canary_log = state.canary.log_path
+    assert "Starting vLLM server" in open(canary_log).read()
+    status = json.loads(cli("canary", "status", "--json"))
+    assert [r["role"] for r in status["releases"]] == ["stable"]
+    assert requests.get(f"{status['lb_url']}/v1/models", timeout=10).status_code == 200
+
+    cli("down")
+    assert containers(home) == {}

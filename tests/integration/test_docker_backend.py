@@ -1,0 +1,116 @@
+"""The docker backend against the real Docker daemon and the locally built vLLM CPU image.
+
+No vLLM here becomes ready (a start costs 30-60 s on 2 cores): a container that answers
+chat completions and /metrics, with its port on 127.0.0.1 and the model read-only, is
+checked in tests/e2e/test_docker_release_e2e.py, whose candidates and releases are such
+containers.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llm_release import image
+from llm_release.backends.docker import PROJECT, client, docker_available, label
+from llm_release.candidate import measure
+from llm_release.config import EvalConfig, LoadProfile, ServingConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker]
+
+
+@pytest.fixture(scope="module")
+def cpu_image() -> str:
+    if not docker_available():
+        pytest.fail("the Docker daemon does not answer: 'make setup' installs and starts it")
+    return image.build().tag  # idempotent: reused when its inputs are unchanged
+
+
+def ours(home: Path) -> list:
+    """Containers carrying this project's labels for ``home``, running or not."""
+    return client().containers.list(
+        all=True,
+        filters={"label": [f"{label('project')}={PROJECT}", f"{label('home')}={home.resolve()}"]},
+    )
+
+
+SERVING = ServingConfig(
+    backend="docker", enforce_eager=True, max_model_len=256, max_num_seqs=2, startup_timeout_s=600
+)
+
+
+def test_a_container_whose_vllm_cannot_start_fails_with_its_log_tail(
+    cpu_image, home, tiny_model_dir, tmp_path
+):
+    result = measure(
+        name="broken",
+        scheme="FP8_DYNAMIC",
+        model_dir=tiny_model_dir,
+        tokenizer_dir=tiny_model_dir,
+        serving=SERVING.model_copy(update={"extra_args": ["--no-such-vllm-flag"]}),
+        evaluation=EvalConfig(),
+        load=LoadProfile(),
+        out_dir=tmp_path / "broken",
+        public_name="tiny",
+        run_id="it-broken",
+    )
+    assert result.status == "failed"
+    assert "ServeError" in result.error and "vLLM container for tiny exited" in result.error
+    assert "bad vLLM arguments" in result.error
+    assert "--no-such-vllm-flag" in result.error, "the container's log tail is not in the error"
+    assert ours(home) == [], "a failed candidate's container was left behind"
+
+
+def test_sweeps_remove_this_homes_leftovers_and_nothing_else(cpu_image, home):
+    docker = client()
+    base = image.base_tag()
+    mine = {label("project"): PROJECT, label("home"): str(home.resolve())}
+    me = str(os.getpid())
+
+    def sleeper(name: str, labels: dict[str, str]):
+        return docker.containers.run(
+            base, ["sleep", "600"], name=f"llmr-test-{name}-{os.getpid()}", labels=labels,
+            detach=True, network_mode="none", init=True,
+        )  # fmt: skip
+
+    from llm_release.processes import start_time
+
+    started = f"{start_time(os.getpid()):.2f}"
+    stranger = sleeper("unlabelled", {})
+    other_home = sleeper("other-home", mine | {label("home"): "/tmp/another-home"})
+    orphan = sleeper("orphan", mine | {label("role"): "candidate", label("owner-pid"): "999999"})
+    live = sleeper(
+        "live",
+        mine
+        | {label("role"): "candidate", label("owner-pid"): me, label("owner-started"): started},
+    )
+    canary = sleeper("canary", mine | {label("role"): "canary", label("release-id"): "x-1"})
+    try:
+        from llm_release.backends import sweep_containers
+
+        # Before a release: only what a dead run left (the registry's canary stays).
+        removed = sweep_containers(home, everything=False)
+        assert removed == [f"container {orphan.name} (candidate)"]
+        assert {c.name for c in ours(home)} == {live.name, canary.name}
+
+        down = subprocess.run(
+            [sys.executable, "-m", "llm_release.cli", "down"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, LLM_RELEASE_HOME=str(home)),
+        )
+        assert down.returncode == 0, down.stderr
+        assert live.name in down.stdout and canary.name in down.stdout
+        assert ours(home) == []
+        for untouched in (stranger, other_home):
+            untouched.reload()
+            assert untouched.status == "running", f"{untouched.name} was not ours to stop"
+    finally:
+        for container in (stranger, other_home, orphan, live, canary):
+            try:
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
