@@ -81,15 +81,25 @@ def kv_check(
     if report is None:
         return None
     try:
-        files = hub_headers.read_local(Path(model_dir))
-        dtype = served_dtype(serving.dtype, host, files.config)
-        result = planner.plan(
-            planner.parse_config(files.config),
-            planner.weights_from_tensors(files.tensors),
-            _request(serving, host, dtype),
-        )
+        result = plan_for_dir(model_dir, serving, host)
     except (ReleaseError, ValueError, KeyError) as exc:
         log.warning("no planner figure for %s: %s", model_dir, exc)
         return None
     option = result.options[0]
     return check_plan(option.kv_cache_tokens, option.max_concurrency, report)
+
+
+def plan_for_dir(
+    model_dir: Path,
+    serving: ServingConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles | None = None,
+) -> planner.Plan:
+    """The planner for a local model folder served with ``serving`` on ``host``."""
+    files = files or hub_headers.read_local(Path(model_dir))
+    dtype = served_dtype(serving.dtype, host, files.config)
+    return planner.plan(
+        planner.parse_config(files.config),
+        planner.weights_from_tensors(files.tensors),
+        _request(serving, host, dtype),
+    )
