@@ -113,7 +113,9 @@ def main() -> None:
     again = by_label.get(chosen_key)
     best = max(full["trials"], key=lambda t: (t["goodput"], t["goodput_rps"]))
     ratio_conc = (again["goodput"] / best["goodput"]) if again and best["goodput"] else 0.0
-    ratio_rps = (again["goodput_rps"] / best["goodput_rps"]) if again and best["goodput_rps"] else 0.0
+    ratio_rps = (
+        (again["goodput_rps"] / best["goodput_rps"]) if again and best["goodput_rps"] else 0.0
+    )
     ratio_time = tuned["seconds"] / full["seconds"] if full["seconds"] else 0.0
     rows = [
         ("chosen", tuned["chosen"], full["chosen"]),

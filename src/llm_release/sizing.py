@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import hub_headers, planner
+from . import corrections, hub_headers, planner
 from .config import ReleaseConfig, ServingConfig
 from .errors import ConfigError, ReleaseError
 from .hardware import Hardware
@@ -31,12 +31,14 @@ def _gpu_memory_gib() -> float:
 
 
 def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.PlanRequest:
-    return planner.request_for_serving(
+    request = planner.request_for_serving(
         serving,
         device="gpu" if host.cuda else "cpu",
         gpu_memory_gib=_gpu_memory_gib() if host.cuda else 80.0,
         dtype=dtype,
     )
+    # what earlier starts of this vLLM version taught about its non-KV memory
+    return corrections.apply(request, corrections.runtime_vllm_version())
 
 
 def plan_release(
@@ -86,7 +88,15 @@ def kv_check(
         log.warning("no planner figure for %s: %s", model_dir, exc)
         return None
     option = result.options[0]
-    return check_plan(option.kv_cache_tokens, option.max_concurrency, report)
+    factor = result.request.non_kv_overhead_factor
+    return check_plan(
+        option.kv_cache_tokens,
+        option.max_concurrency,
+        report,
+        # the raw estimate: what a correction is learned against
+        overhead_bytes=int(option.overhead_per_gpu_bytes / factor),
+        kv_memory_bytes=option.kv_memory_per_gpu_bytes,
+    )
 
 
 def plan_for_dir(

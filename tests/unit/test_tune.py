@@ -101,8 +101,10 @@ def test_never_starts_a_setting_the_planner_refuses() -> None:
     for strategy in ("coordinate", "exhaustive"):
         surface = Surface(capacity)
         tuner = Tuner(GRID, LEVELS, SLO, surface.session, fits, step_tokens=160, max_settings=50)
-        result = tuner.coordinate(Setting(max_num_seqs=32)) if strategy == "coordinate" else (
-            tuner.exhaustive()
+        result = (
+            tuner.coordinate(Setting(max_num_seqs=32))
+            if strategy == "coordinate"
+            else (tuner.exhaustive())
         )
         assert surface.started and not refused & set(surface.started)
         assert result.chosen is not None and result.chosen not in refused
