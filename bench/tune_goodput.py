@@ -13,8 +13,7 @@ ratio, and the tuner's own figure), measurement time (server starts + load level
 ratios the issue asks for: goodput ≥ 0.95 × the exhaustive best, time ≤ 1/3 of exhaustive.
 Raw results: bench/results/tune_goodput-<cpu>.json.
 
-    LLM_RELEASE_VLLM_PYTHON=.venv-vllm/bin/python .venv/bin/python bench/tune_goodput.py \\
-        --model-dir .llm-release/models/HuggingFaceTB--SmolLM2-135M-Instruct/<commit>
+    .venv/bin/python bench/tune_goodput.py [--model-dir DIR] [--ttft-slo-s 3] [--output FILE]
 
 A server start costs ~85 s on 2 loaded cores, a level ~20 s: the grid is small (4 settings,
 3 levels) to keep the whole bench near 15 minutes.
@@ -33,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from llm_release import paths  # noqa: E402
 from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig  # noqa: E402
 from llm_release.fileio import atomic_write_text  # noqa: E402
 from llm_release.hardware import detect  # noqa: E402
@@ -47,7 +47,9 @@ def loadavg() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument(
+        "--model-dir", type=Path, help="default: the demo model under the project home"
+    )
     parser.add_argument("--seqs", default="2,4,8,16", help="max-num-seqs grid")
     parser.add_argument("--levels", default="2,4,8", help="concurrency levels")
     parser.add_argument("--requests", type=int, default=8, help="requests per level")
@@ -55,6 +57,13 @@ def main() -> None:
     parser.add_argument("--itl-slo-ms", type=float, default=250.0)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
+    if args.model_dir is None:
+        found = sorted((paths.models_dir() / "HuggingFaceTB--SmolLM2-135M-Instruct").glob("*/"))
+        if not found:
+            raise SystemExit(
+                "no demo model under the project home: run 'make demo' or pass --model-dir"
+            )
+        args.model_dir = found[-1]
     os.environ.setdefault("LLM_RELEASE_HOME", tempfile.mkdtemp(prefix="llmr-tb-", dir="/tmp"))
     host = detect()
     serving = ServingConfig(

@@ -37,6 +37,9 @@ def load_plot(results: list[CandidateResult], path: Path, ttft_slo_s: float | No
     if not measured:
         return False
     plt = _pyplot()
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ticks = sorted({lv.concurrency for r in measured for lv in r.load.levels})
     fig, (ttft, tput) = plt.subplots(1, 2, figsize=LOAD_SIZE, dpi=DPI)
     try:
         for r in measured:
@@ -54,6 +57,9 @@ def load_plot(results: list[CandidateResult], path: Path, ttft_slo_s: float | No
             ax.set_xlabel("concurrency (streams)")
             ax.set_ylabel(unit)
             ax.set_xscale("log", base=2)
+            ax.set_xticks(ticks)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="small")
         fig.tight_layout()
