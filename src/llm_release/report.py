@@ -102,7 +102,7 @@ def tuning_section(results: list[CandidateResult]) -> list[str]:
         f"Goodput: the highest concurrency at which TTFT p95 ≤ {slo.ttft_p95_ms:.0f} ms and "
         f"ITL p95 ≤ {slo.itl_p95_ms:.0f} ms with errors ≤ {slo.max_error_rate:.1%}.",
         "",
-        "| candidate | chosen setting | goodput (streams) | req/s there | settings started | "
+        "| candidate | chosen setting | goodput (streams) | output tok/s there | settings started | "
         "of grid | pruned | levels | seconds |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -110,7 +110,7 @@ def tuning_section(results: list[CandidateResult]) -> list[str]:
         t = r.tuning
         lines.append(
             f"| {r.name} | {t.chosen.label() if t.chosen else 'none (untuned)'} | "
-            f"{t.chosen_goodput} | {t.chosen_goodput_rps:.2f} | {len(t.trials)} | {t.grid_size} | "
+            f"{t.chosen_goodput} | {t.chosen_goodput_tok_s:.1f} | {len(t.trials)} | {t.grid_size} | "
             f"{len(t.pruned)} | {t.levels_measured} | {t.seconds:.0f} |"
         )
     lines.append("")

@@ -99,7 +99,7 @@ class Trial(Record):
         default_factory=dict, description="concurrency → why the level broke the SLO"
     )
     goodput: int = Field(0, description="highest passing level with every lower measured one")
-    goodput_rps: float = Field(0.0, description="requests/s at the goodput level")
+    goodput_tok_s: float = Field(0.0, description="output tokens/s at the goodput level")
     below: int | None = Field(
         None, description="raced and failed at this level: its goodput is lower (not measured)"
     )
@@ -118,7 +118,7 @@ class TuneResult(Record):
     levels: list[int]
     chosen: Setting | None
     chosen_goodput: int = 0
-    chosen_goodput_rps: float = 0.0
+    chosen_goodput_tok_s: float = 0.0
     trials: list[Trial]
     pruned: list[Pruned] = Field(default_factory=list)
     grid_size: int

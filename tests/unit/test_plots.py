@@ -51,9 +51,9 @@ def test_load_and_pareto_plots_are_pngs_linked_from_the_report(tmp_path) -> None
         levels=[1, 4, 8],
         chosen=chosen,
         chosen_goodput=4,
-        chosen_goodput_rps=2.4,
+        chosen_goodput_tok_s=80.0,
         trials=[
-            Trial(setting=chosen, levels=levels(1.0), goodput=4, goodput_rps=2.4, seconds=90),
+            Trial(setting=chosen, levels=levels(1.0), goodput=4, goodput_tok_s=80.0, seconds=90),
             Trial(setting=Setting(max_num_seqs=4), levels=levels(1.5)[1:2], below=4, seconds=80),
         ],
         grid_size=4,
@@ -90,7 +90,7 @@ def test_load_and_pareto_plots_are_pngs_linked_from_the_report(tmp_path) -> None
     assert "](plots/load.png)" in markdown and "](plots/tune-baseline.png)" in markdown
     assert markdown.index("## Plots") < markdown.index("## Rule")
     section = "\n".join(tuning_section(results))
-    assert "| baseline | seqs=8 batched=default prefix=on | 4 | 2.40 | 2 | 4 |" in section
+    assert "| baseline | seqs=8 batched=default prefix=on | 4 | 80.0 | 2 | 4 |" in section
 
 
 def test_no_measured_levels_no_plot(tmp_path) -> None:
