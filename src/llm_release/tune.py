@@ -237,7 +237,8 @@ class Tuner:
         begun = self.start_point(start)
         if begun is None:
             return self._result("coordinate", None)
-        best = self.measure(representative(begun, top, self.step_tokens, self.grid))
+        first = representative(begun, top, self.step_tokens, self.grid)
+        best = self.measure(first if self.problem(first) is None else begun)
         dims = [d for d in DIMENSIONS if len(self.grid.values(d)) > 1]
         improved = True
         while improved and best.goodput < top and len(self.trials) < self.max_settings:
