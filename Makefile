@@ -110,6 +110,7 @@ bench: setup
 	.venv/bin/python bench/verify_throughput.py
 	.venv/bin/python bench/quantize_dtype.py
 	.venv/bin/python bench/canary_reliability.py
+	.venv/bin/python bench/tune_goodput.py
 
 down:
 	@if [ -x $(CLI) ]; then $(CLI) down; else echo "nothing to stop (no .venv)"; fi

@@ -36,6 +36,7 @@ from tasks.probe import probe_host
 from tasks.promote import promote_release
 from tasks.quantize import build_contender
 from tasks.report import publish_report
+from tasks.tune import tune_contender
 
 
 class ReleaseOutcome(BaseModel):
@@ -97,6 +98,14 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     plan = plan_contenders(config, acquired.model_dir, acquired.commit, host, champion)
     plan = [build_contender(c, acquired.model_dir) for c in plan]
     timed("quantize", mark)
+
+    if config.tune.enabled:
+        mark = time.monotonic()
+        plan = [
+            tune_contender(c, acquired.model_dir, config, run_dir / "candidates" / c.name / "tune")
+            for c in plan
+        ]
+        timed("tune", mark)
 
     mark = time.monotonic()
     results = [

@@ -41,6 +41,7 @@ def measure_contender(
         "scheme": contender.scheme,
         "release_id": contender.release_id,
         "fingerprint": fingerprint,
+        "tuning": contender.tuning,
     }
     if contender.role == "champion":
         found = measurements.find(fingerprint)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from . import corrections
 from .config import EvalConfig, LoadProfile, ServingConfig
 from .evaluate import run_evaluation
 from .hardware import detect
@@ -57,6 +58,7 @@ def measure(
             log.info("%s: healthy at %s after %.0fs", name, server.base_url, seconds["serve_start"])
             result.kv_check = kv_check(model_dir, server.serving, detect(), server.log_text())
             if result.kv_check:
+                corrections.record(result.kv_check, name)
                 log.info(
                     "%s: KV-cache tokens planner %d, vLLM %d (%+.2f%%)",
                     name,

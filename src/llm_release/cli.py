@@ -284,7 +284,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Size a model folder or a hub repo (headers only) for vLLM; logic in planner."""
-    from . import hub_headers, planner
+    from . import corrections, hub_headers, planner
     from .errors import ConfigError
 
     local = Path(args.model).expanduser()
@@ -313,6 +313,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         mamba_ssm_dtype=planner.cpu_ssm_dtype_for_host() if args.cpu_kvcache_gib else "auto",
     )
+    request = corrections.apply(request, args.vllm_version or corrections.runtime_vllm_version())
     result = planner.plan(
         planner.parse_config(files.config),
         planner.weights_from_tensors(files.tensors),
@@ -418,6 +419,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "bfloat16", "float16", "float32"],
         default="auto",
         help="the served dtype (vLLM --dtype); KV 'auto' follows it",
+    )
+    plan.add_argument(
+        "--vllm-version",
+        help="apply the non-KV correction learned for this vLLM version "
+        "(default: the serving runtime's)",
     )
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)

@@ -292,6 +292,88 @@ def check_serving_args(args: list[str], where: str) -> None:
                 )
 
 
+class TuneConfig(StrictModel):
+    """Per-candidate search of the vLLM settings that matter for goodput: the highest load
+    level at which TTFT p95 (gates.ttft_p95_slo_s) and ITL p95 stay under the SLO with the
+    error ceiling (gates.max_error_rate) held. One server per setting, load swept against
+    it; settings the planner says cannot fit are never started (see llm_release.tune).
+    Off by default: on a 2-core CPU each setting costs a server start (~1.5 min)."""
+
+    enabled: bool = Field(False, description="tune every candidate before measuring it")
+    strategy: Literal["coordinate", "exhaustive"] = Field(
+        "coordinate",
+        description="coordinate: descent from the planner's start with racing and early "
+        "stops; exhaustive: every grid point at every level (for benchmarks)",
+    )
+    max_num_seqs: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16],
+        description="--max-num-seqs values to try",
+    )
+    max_num_batched_tokens: list[int | None] = Field(
+        default_factory=lambda: [None],
+        description="--max-num-batched-tokens values to try; null: vLLM's default",
+    )
+    enable_prefix_caching: list[bool] = Field(
+        default_factory=lambda: [True], description="prefix caching on and/or off"
+    )
+    gpu_memory_utilization: list[float] = Field(
+        default_factory=list,
+        description="GPU only (ignored on CPU); empty: serving.gpu_memory_utilization",
+    )
+    concurrencies: list[int] | None = Field(
+        None, description="load levels of the tuning sweep; null: load.concurrencies"
+    )
+    requests_per_level: int | None = Field(
+        None, ge=1, description="requests per level; null: load.requests_per_level"
+    )
+    itl_p95_slo_ms: float = Field(
+        250, gt=0, description="ITL p95 ceiling in ms (TTFT and errors come from gates)"
+    )
+    max_settings: int = Field(8, ge=1, le=100, description="server starts at most per candidate")
+    tie_margin: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="at equal goodput a challenger must serve this much more output tokens/s "
+        "(below it, two CPU runs of one setting differ by noise)",
+    )
+
+    @field_validator("max_num_seqs")
+    @classmethod
+    def _seqs(cls, value: list[int]) -> list[int]:
+        if not value or any(v < 1 for v in value):
+            raise ValueError("max_num_seqs must be a non-empty list of positive integers")
+        return sorted(set(value))
+
+    @field_validator("max_num_batched_tokens")
+    @classmethod
+    def _batched(cls, value: list[int | None]) -> list[int | None]:
+        if not value or any(v is not None and v < 1 for v in value):
+            raise ValueError("max_num_batched_tokens: positive integers or null, at least one")
+        return value
+
+    @field_validator("enable_prefix_caching")
+    @classmethod
+    def _prefix(cls, value: list[bool]) -> list[bool]:
+        if not value:
+            raise ValueError("enable_prefix_caching: at least one of true, false")
+        return sorted(set(value))
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _util(cls, value: list[float]) -> list[float]:
+        if any(not 0 < v <= 1 for v in value):
+            raise ValueError("gpu_memory_utilization values must be in (0, 1]")
+        return sorted(set(value))
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _levels(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(c < 1 for c in value)):
+            raise ValueError("concurrencies must be a non-empty list of positive integers")
+        return None if value is None else sorted(set(value))
+
+
 class EvalConfig(StrictModel):
     eval_sets: list[str] = Field(default_factory=lambda: ["manufacturing_kb", "refusal_kb"])
     num_concurrent: int = Field(4, ge=1)
@@ -494,6 +576,9 @@ class ReleaseConfig(StrictModel):
     gates: Gates = Field(default_factory=Gates)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     review: ReviewConfig = Field(default_factory=ReviewConfig)
+    tune: TuneConfig = Field(
+        default_factory=TuneConfig, description="serving settings tuned per candidate (off)"
+    )
     router_port: int | None = Field(
         None, ge=1024, le=65535, description="the service's load balancer (LLM_RELEASE_ROUTER_PORT)"
     )

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from .config import BASELINE, CHAMPION, CandidateConfig, ReleaseConfig, ServingConfig
 from .probe import ServingPlan
 from .registry import Release
-from .results import CandidateResult
+from .results import CandidateResult, TuneResult
 
 
 class Contender(BaseModel):
@@ -32,6 +32,7 @@ class Contender(BaseModel):
     release_id: str | None = None
     commit: str | None = None
     outcome: CandidateResult | None = None
+    tuning: TuneResult | None = None
 
     def failed(self, status: Literal["failed", "skipped"], why: str) -> Contender:
         return self.model_copy(

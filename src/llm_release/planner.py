@@ -624,6 +624,13 @@ class PlanRequest(Record):
         description="GPU memory per rank that is neither weights nor KV (activations, CUDA "
         "graphs, NCCL); None: an estimate from the model's widths",
     )
+    non_kv_overhead_factor: float = Field(
+        1.0,
+        gt=0,
+        description="multiplies the overhead estimate: the correction learned per vLLM "
+        "version from recorded starts (llm_release.corrections)",
+    )
+    overhead_note: str | None = Field(None, description="where the factor came from")
 
 
 class TpPlan(Record):
@@ -826,7 +833,10 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
             overhead = (
                 int(request.non_kv_overhead_gib * GiB)
                 if request.non_kv_overhead_gib is not None
-                else estimate_overhead_bytes(arch, tp, default_batched_tokens(runtime))
+                else int(
+                    estimate_overhead_bytes(arch, tp, default_batched_tokens(runtime))
+                    * request.non_kv_overhead_factor
+                )
             )
             budget = request.gpu_memory_gib * GiB
             kv_mem = int(budget * request.gpu_memory_utilization) - w - overhead
@@ -875,6 +885,8 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
         for note in layout.notes:
             if note not in notes:
                 notes.append(note)
+    if request.device == "gpu" and request.overhead_note and request.non_kv_overhead_gib is None:
+        notes.append(request.overhead_note)
     best = next((o for o in options if o.fits), None)
     unsharded = kv_layout(arch, Runtime(device=request.device), max_len).attention_bytes_per_token
     if request.kv_cache_dtype == "fp8":

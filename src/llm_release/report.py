@@ -90,6 +90,53 @@ def sizing_section(plan: Plan | None, results: list[CandidateResult]) -> list[st
     return lines
 
 
+def tuning_section(results: list[CandidateResult]) -> list[str]:
+    """The serving settings each candidate was tuned to and measured with."""
+    tuned = [r for r in results if r.tuning is not None]
+    if not tuned:
+        return []
+    slo = tuned[0].tuning.slo
+    lines = [
+        "## Tuned serving settings",
+        "",
+        f"Goodput: the highest concurrency at which TTFT p95 ≤ {slo.ttft_p95_ms:.0f} ms and "
+        f"ITL p95 ≤ {slo.itl_p95_ms:.0f} ms with errors ≤ {slo.max_error_rate:.1%}.",
+        "",
+        "| candidate | chosen setting | goodput (streams) | output tok/s there | settings started | "
+        "of grid | pruned | levels | seconds |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in tuned:
+        t = r.tuning
+        lines.append(
+            f"| {r.name} | {t.chosen.label() if t.chosen else 'none (untuned)'} | "
+            f"{t.chosen_goodput} | {t.chosen_goodput_tok_s:.1f} | {len(t.trials)} | {t.grid_size} | "
+            f"{len(t.pruned)} | {t.levels_measured} | {t.seconds:.0f} |"
+        )
+    lines.append("")
+    for r in tuned:
+        for p in r.tuning.pruned:
+            lines.append(f"- {r.name}: not started: {p.setting.label()} — {_cell(p.reason)}")
+    lines.append("")
+    return lines
+
+
+def with_plots(markdown: str, plots: dict[str, Path], run_dir: Path) -> str:
+    """``markdown`` with the plots embedded by relative links, before the rule section."""
+    if not plots:
+        return markdown
+    lines = ["## Plots", ""]
+    for caption, path in plots.items():
+        rel = Path(path).relative_to(run_dir).as_posix()
+        lines += [f"![{caption}]({rel})", ""]
+    section = "\n".join(lines) + "\n"
+    marker = "\n## Rule\n"
+    if marker in markdown:
+        head, tail = markdown.split(marker, 1)
+        return head + "\n" + section + marker + tail
+    return markdown.rstrip("\n") + "\n\n" + section
+
+
 def host_section(host: ServingPlan) -> list[str]:
     """Which CPU and runtime the figures come from, and what was skipped on them and why."""
     lines = [
@@ -256,6 +303,7 @@ def render_markdown(
         for row in rows:
             lines.append("| " + " | ".join(str(row.get(h, "—")) for h in headers) + " |")
         lines.append("")
+    lines += tuning_section(results)
     lines += quality_section(results)
     lines += gates_section(decision, results)
     lines += [

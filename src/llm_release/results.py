@@ -65,6 +65,84 @@ class LoadResult(Record):
     notes: list[str] = Field(default_factory=list)
 
 
+class Setting(BaseModel):
+    """One point of the tuning grid: the vLLM arguments that change under tuning."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int | None = Field(None, description="None: vLLM's default")
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float | None = Field(None, description="GPU only; None on CPU")
+
+    def label(self) -> str:
+        parts = [f"seqs={self.max_num_seqs}"]
+        parts.append(f"batched={self.max_num_batched_tokens or 'default'}")
+        parts.append(f"prefix={'on' if self.enable_prefix_caching else 'off'}")
+        if self.gpu_memory_utilization is not None:
+            parts.append(f"util={self.gpu_memory_utilization:g}")
+        return " ".join(parts)
+
+
+class Slo(Record):
+    ttft_p95_ms: float = Field(gt=0)
+    itl_p95_ms: float = Field(gt=0)
+    max_error_rate: float = Field(ge=0, le=1)
+
+
+class Trial(Record):
+    """One server-setting: started once, swept over load levels."""
+
+    setting: Setting
+    levels: list[LoadLevel] = Field(default_factory=list)
+    failures: dict[int, str] = Field(
+        default_factory=dict, description="concurrency → why the level broke the SLO"
+    )
+    goodput: int = Field(0, description="highest passing level with every lower measured one")
+    goodput_tok_s: float = Field(0.0, description="output tokens/s at the goodput level")
+    below: int | None = Field(
+        None, description="raced and failed at this level: its goodput is lower (not measured)"
+    )
+    seconds: float = Field(0.0, description="server start and load levels")
+    error: str | None = None
+
+
+class Pruned(Record):
+    setting: Setting
+    reason: str
+
+
+class TuneResult(Record):
+    strategy: Literal["coordinate", "exhaustive"]
+    slo: Slo
+    levels: list[int]
+    chosen: Setting | None
+    chosen_goodput: int = 0
+    chosen_goodput_tok_s: float = 0.0
+    trials: list[Trial]
+    pruned: list[Pruned] = Field(default_factory=list)
+    grid_size: int
+    seconds: float = Field(description="measurement time: server starts and load levels")
+    levels_measured: int
+
+    def pareto(self) -> list[tuple[Setting, LoadLevel]]:
+        """Measured (setting, level) points no other point beats on both output tokens/s
+        (higher) and TTFT p95 (lower), by throughput."""
+        points = [(t.setting, lv) for t in self.trials for lv in t.levels if lv.requests]
+        front = [
+            (s, lv)
+            for s, lv in points
+            if not any(
+                o.output_tokens_per_s >= lv.output_tokens_per_s
+                and o.ttft_p95_ms <= lv.ttft_p95_ms
+                and (o.output_tokens_per_s, -o.ttft_p95_ms)
+                != (lv.output_tokens_per_s, -lv.ttft_p95_ms)
+                for _, o in points
+            )
+        ]
+        return sorted(front, key=lambda p: p[1].output_tokens_per_s)
+
+
 class CandidateResult(Record):
     name: str
     scheme: str
@@ -87,6 +165,9 @@ class CandidateResult(Record):
     load: LoadResult | None = None
     kv_check: KvCheck | None = Field(
         None, description="the planner's KV-cache figures next to what vLLM reported at start"
+    )
+    tuning: TuneResult | None = Field(
+        None, description="the serving-settings search it was measured with (tune enabled)"
     )
 
 

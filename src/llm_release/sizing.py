@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import hub_headers, planner
+from . import corrections, hub_headers, planner
 from .config import ReleaseConfig, ServingConfig
 from .errors import ConfigError, ReleaseError
 from .hardware import Hardware
@@ -31,12 +31,14 @@ def _gpu_memory_gib() -> float:
 
 
 def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.PlanRequest:
-    return planner.request_for_serving(
+    request = planner.request_for_serving(
         serving,
         device="gpu" if host.cuda else "cpu",
         gpu_memory_gib=_gpu_memory_gib() if host.cuda else 80.0,
         dtype=dtype,
     )
+    # what earlier starts of this vLLM version taught about its non-KV memory
+    return corrections.apply(request, corrections.runtime_vllm_version())
 
 
 def plan_release(
@@ -81,15 +83,33 @@ def kv_check(
     if report is None:
         return None
     try:
-        files = hub_headers.read_local(Path(model_dir))
-        dtype = served_dtype(serving.dtype, host, files.config)
-        result = planner.plan(
-            planner.parse_config(files.config),
-            planner.weights_from_tensors(files.tensors),
-            _request(serving, host, dtype),
-        )
+        result = plan_for_dir(model_dir, serving, host)
     except (ReleaseError, ValueError, KeyError) as exc:
         log.warning("no planner figure for %s: %s", model_dir, exc)
         return None
     option = result.options[0]
-    return check_plan(option.kv_cache_tokens, option.max_concurrency, report)
+    factor = result.request.non_kv_overhead_factor
+    return check_plan(
+        option.kv_cache_tokens,
+        option.max_concurrency,
+        report,
+        # the raw estimate: what a correction is learned against
+        overhead_bytes=int(option.overhead_per_gpu_bytes / factor),
+        kv_memory_bytes=option.kv_memory_per_gpu_bytes,
+    )
+
+
+def plan_for_dir(
+    model_dir: Path,
+    serving: ServingConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles | None = None,
+) -> planner.Plan:
+    """The planner for a local model folder served with ``serving`` on ``host``."""
+    files = files or hub_headers.read_local(Path(model_dir))
+    dtype = served_dtype(serving.dtype, host, files.config)
+    return planner.plan(
+        planner.parse_config(files.config),
+        planner.weights_from_tensors(files.tensors),
+        _request(serving, host, dtype),
+    )

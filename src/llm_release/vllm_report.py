@@ -94,10 +94,29 @@ class KvCheck(BaseModel):
     concurrency_error: float
     max_model_len: int
     vllm_version: str | None = None
+    device: str = Field("cpu", description="cpu or gpu: where the non-KV term exists")
+    planner_overhead_bytes: int | None = Field(
+        None, description="the planner's non-KV estimate per GPU, before any correction"
+    )
+    planner_kv_memory_bytes: int | None = Field(None, description="the planner's KV memory/GPU")
+    vllm_kv_memory_bytes: int | None = Field(None, description="the KV memory vLLM logged")
 
 
-def check_plan(planner_tokens: int, planner_concurrency: float, report: VllmKvReport) -> KvCheck:
+def check_plan(
+    planner_tokens: int,
+    planner_concurrency: float,
+    report: VllmKvReport,
+    *,
+    overhead_bytes: int | None = None,
+    kv_memory_bytes: int | None = None,
+) -> KvCheck:
     return KvCheck(
+        device="cpu" if report.device == "CPU" else "gpu",
+        planner_overhead_bytes=overhead_bytes,
+        planner_kv_memory_bytes=kv_memory_bytes,
+        vllm_kv_memory_bytes=int(report.kv_memory_gib * 2**30)
+        if report.kv_memory_gib is not None
+        else None,
         planner_kv_cache_tokens=planner_tokens,
         vllm_kv_cache_tokens=report.kv_cache_tokens,
         tokens_error=relative_error(planner_tokens, report.kv_cache_tokens),
