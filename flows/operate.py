@@ -58,7 +58,12 @@ def promote_canary(
     slo_ttft_p95_s: Annotated[float, Field(gt=0)] = 3.0,
 ) -> ReleaseSummary:
     """Promote the live canary to 100%: the old stable release drains and stops; the new
-    stable release gets its alert rules."""
+    stable release gets its alert rules.
+
+    Args:
+        drain_timeout_s: how long the old stable release may finish its requests
+        slo_ttft_p95_s: the TTFT p95 SLO of the new stable release's alert rules
+    """
     try:
         new = promote.promote(drain_timeout_s=drain_timeout_s)
     except ReleaseError as exc:
@@ -74,7 +79,12 @@ def rollback_canary(
     drain_timeout_s: Annotated[float, Field(ge=0, le=3600)] = 120,
 ) -> ReleaseSummary:
     """Roll the live canary back: weight 0 at once, its requests finish, its server stops.
-    The reason goes into the registry's history and a `llm-release.canary.rolled-back` event."""
+    The reason goes into the registry's history and a `llm-release.canary.rolled-back` event.
+
+    Args:
+        reason: why; recorded in the history and sent with the rollback's notification
+        drain_timeout_s: how long the canary may finish its requests before it stops
+    """
     reason = " ".join(reason.split())
     try:
         old = promote.rollback(drain_timeout_s=drain_timeout_s, reason=reason)
@@ -131,17 +141,18 @@ def _markdown(target: str, results: list[EvalResult], report: Path) -> str:
 @flow(name="eval-only")
 def eval_only(
     evaluation: EvalConfig,
-    model_dir: Annotated[
-        str | None,
-        Field(description="a model folder to serve and evaluate; empty: the stable release"),
-    ] = None,
-    serving: Annotated[
-        ServingConfig | None,
-        Field(description="vLLM settings for model_dir; empty: the defaults"),
-    ] = None,
+    model_dir: str | None = None,
+    serving: ServingConfig | None = None,
 ) -> EvalOnlyOutcome:
     """Run the eval sets against the stable release's live server, or against a model folder
-    served for the occasion; nothing is rolled out. The scores are a markdown artifact."""
+    served for the occasion; nothing is rolled out. The scores are a markdown artifact.
+
+    Args:
+        evaluation: the eval sets, concurrency and item limit
+        model_dir: a model folder (absolute path on the worker's host) to serve and
+            evaluate; empty: the live stable release
+        serving: vLLM settings for model_dir; empty: the defaults
+    """
     logger = get_run_logger()
     ensure_host_limit()
     run_id = (
