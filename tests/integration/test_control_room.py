@@ -92,14 +92,23 @@ def control(tmp_path_factory):
         "LLM_RELEASE_HOME": str(home),
         "LLM_RELEASE_SLOT_LEASE_S": str(LEASE_S),
     }
+    control_cleanup = []
     try:
         started = time.monotonic()
         healthy = wait_for(lambda: _healthy(url), 120)
         assert healthy, (base / "server.log").read_text()[-3000:]
         print(f"prefect server healthy after {time.monotonic() - started:.1f}s")
         with temporary_settings({PREFECT_API_URL: url}):
-            yield {"url": url, "env": client_env, "home": home, "base": base, "procs": []}
+            yield {
+                "url": url,
+                "env": client_env,
+                "home": home,
+                "base": base,
+                "cleanup": control_cleanup,
+            }
     finally:
+        for close in control_cleanup:
+            close()
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(30)
 
@@ -163,7 +172,7 @@ def test_killed_run_holds_its_slot_until_the_lease_expires(control):
     assert line.startswith("TAKEN"), "the holder never took the slot"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    control["killed_at"] = time.monotonic()
+    control["killed_wall"] = time.time()
     assert active_slots() == 1
 
 
@@ -273,9 +282,9 @@ def untyped(spec: dict, definitions: dict, seen: frozenset = frozenset()) -> lis
 def run(name: str, parameters: dict, timeout_s: float = 120):
     from prefect.deployments import run_deployment
 
-    started = time.monotonic()
-    flow_run = run_deployment(name=name, parameters=parameters, timeout=timeout_s)
-    return flow_run, time.monotonic() - started
+    # The run's own clock, as the UI shows it: from its creation (the click) to its end.
+    flow_run = run_deployment(name=name, parameters=parameters, timeout=timeout_s, poll_interval=1)
+    return flow_run, (flow_run.end_time - flow_run.created).total_seconds()
 
 
 def test_model_update_of_a_released_commit_ends_in_seconds(control, worker, tmp_path, monkeypatch):
@@ -310,6 +319,49 @@ def test_model_update_of_a_released_commit_ends_in_seconds(control, worker, tmp_
     print(f"model-update (already released) through the worker: {seconds:.1f}s")
     assert flow_run.state.is_completed(), flow_run.state
     assert seconds < 15
+
+
+def test_eval_only_waits_for_the_slot_then_evaluates_the_stable_release(
+    control, worker, tmp_path_factory, monkeypatch
+):
+    """Started from the deployment while the killed run's slot is still leased, `eval-only`
+    waits for the slot and then evaluates the stable release's server (an OpenAI-compatible
+    fake: the flow's plumbing is under test; lm-eval's scoring has its own tests). Runs
+    while the other tests do: its wait is the lease's."""
+    from prefect.deployments import run_deployment
+
+    from llm_release import processes, registry
+    from llm_release.config import ServingConfig
+    from tests.fake_openai import FakeServer
+
+    assert active_slots() == 1, "submitted after the kill, before the lease expires"
+    home = Path(tempfile.mkdtemp(prefix="llmr-eval-", dir="/tmp"))
+    server = FakeServer("stable-eval-1", 0, home)
+    control["cleanup"].append(server.close)
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(home))
+    stable = registry.Release(
+        release_id="stable-eval-1",
+        candidate="baseline",
+        scheme="none",
+        repo_id=REPO,
+        commit="0" * 40,
+        model_dir=str(home),
+        public_name="control-room",
+        port=server.port,
+        pid=server.pid,
+        pid_started=processes.start_time(server.pid),
+        log_path="/dev/null",
+        serving=ServingConfig(),
+    )
+    registry.save(registry.RegistryState(stable=stable))
+    # A run's own settings, as the UI's custom run sets them: this run's home.
+    flow_run = run_deployment(
+        name="eval-only/eval-only",
+        parameters={"evaluation": {"eval_sets": ["refusal_kb"], "limit": 2}},
+        job_variables={"env": control["env"] | {"LLM_RELEASE_HOME": str(home)}},
+        timeout=0,
+    )
+    control["eval_run"], control["eval_home"] = flow_run.id, home
 
 
 def test_rollback_without_a_canary_fails_with_one_line(control, worker, receiver):
@@ -349,12 +401,41 @@ def test_a_rollback_event_reaches_the_webhook_with_its_reason(control, receiver)
     ]
 
 
-def test_the_killed_runs_slot_is_free_after_its_lease(control):
-    killed_at = control["killed_at"]
-    freed = wait_for(lambda: active_slots() == 0, killed_at + LEASE_S + 30 - time.monotonic(), 1)
-    held_s = time.monotonic() - killed_at
-    print(f"slot of the killed run freed {held_s:.0f}s after the kill (lease {LEASE_S}s)")
-    assert freed, "the killed run's slot is still taken"
-    # And a new run gets it.
-    proc = holder(control, "after", 0)
-    assert proc.communicate(timeout=120)[0].count("TAKEN after") == 1
+def test_the_killed_runs_slot_came_free_and_the_waiting_run_took_it(control):
+    """With one slot, the waiting eval-only run can only have started evaluating once the
+    killed run's lease expired; when it ends, no slot is taken."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    def finished():
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(control["eval_run"])
+        return run if run.state.is_final() else None
+
+    flow_run = wait_for(finished, 240, 1)
+    assert flow_run and flow_run.state.is_completed(), flow_run and flow_run.state
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(
+            log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]))
+        )
+        artifacts = {a.key: a for a in client.read_artifacts() if a.flow_run_id == flow_run.id}
+    (asked,) = [
+        log.timestamp.timestamp() for log in logs if "waiting for a host slot" in log.message
+    ]
+    (taken,) = [log.timestamp.timestamp() for log in logs if "host slot taken" in log.message]
+    waited = taken - control["killed_wall"]
+    print(
+        f"eval-only: slot taken {waited:.0f}s after the kill; "
+        f"run {(flow_run.end_time - flow_run.created).total_seconds():.0f}s"
+    )
+    assert waited >= LEASE_S, "the run took a slot that a killed run's lease still held"
+    # Freed by the server's repossessor (every second here) once the lease expired.
+    free_at = max(asked, control["killed_wall"] + LEASE_S)
+    assert taken - free_at <= 30, "the killed run's slot was not freed after its lease"
+    assert active_slots() == 0
+    (report,) = (control["eval_home"] / "runs").glob(
+        f"eval-*-{str(flow_run.id)[:8]}/eval-report.md"
+    )
+    assert report.read_text().startswith("# Evaluation of stable release stable-eval-1")
+    assert "| refusal_kb |" in report.read_text()
+    assert "| refusal_kb |" in artifacts["eval-only"].data
