@@ -37,7 +37,9 @@ def measure_contender(
             "%s: %s — %s", contender.name, contender.outcome.status, contender.outcome.error
         )
         if contender.outcome.status == "failed":
-            return failed_with(contender.outcome, f"{contender.name}: {contender.outcome.error}")
+            return failed_with(
+                contender.outcome, f"{contender.name}: {first_line(contender.outcome.error)}"
+            )
         return contender.outcome
     fingerprint = measurements.fingerprint(
         contender.model_dir, contender.serving, evaluation, load, host
