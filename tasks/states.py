@@ -32,9 +32,23 @@ def value_of(state: State, kind: type[T]) -> T:
     return state.result()
 
 
-def first_line(error: str | None, limit: int = 200) -> str:
-    """An error's first line (a ServeError's log tail stays in the report and the log)."""
-    return " ".join((error or "failed").splitlines()[0].split())[:limit] if error else "failed"
+def first_line(error: str | None, limit: int = 300) -> str:
+    """An error in one line for a run's state message: its first line, and for a server that
+    died, the last line of its log (vLLM's own words: "unrecognized arguments: --flag");
+    the whole log tail stays in the report and the run's log."""
+    if not error:
+        return "failed"
+    lines = error.splitlines()
+    text = " ".join(lines[0].split())[:limit]
+    if "--- server log tail ---" in error:
+        tail = [
+            line
+            for line in error.split("--- server log tail ---", 1)[1].splitlines()
+            if line.strip()
+        ]
+        if tail:
+            text += f" | log: {' '.join(tail[-1].split())[:200]}"
+    return text
 
 
 def completed_with_failures(data: T, failed: dict[str, str | None]) -> T | State:
@@ -47,5 +61,5 @@ def completed_with_failures(data: T, failed: dict[str, str | None]) -> T | State
     return Completed(
         data=data,
         name=FAILED_CANDIDATES,
-        message=f"failed candidates: {names} — {why}"[:1000],
+        message=f"failed candidates: {names} — {why}"[:2000],
     )

@@ -22,11 +22,16 @@ def test_eval_only_refuses_a_relative_or_non_model_folder(tmp_path):
 
 def test_failed_candidates_name_the_final_state():
     assert completed_with_failures("outcome", {}) == "outcome"
-    state = completed_with_failures(
-        "outcome", {"broken": "ServeError: vLLM exited with code 2\n  --- server log tail ---\nx"}
+    error = (
+        "ServeError: vLLM for tiny exited with code 2 before it was healthy\n"
+        "  --- server log tail ---\n  [--spec-model SPEC_MODEL]\n"
+        "api_server.py: error: unrecognized arguments: --no-such-vllm-flag\n"
     )
+    state = completed_with_failures("outcome", {"broken": error, "fp8": "QuantizeError: x"})
     assert state.is_completed() and state.name == FAILED_CANDIDATES
-    assert (
-        state.message == "failed candidates: broken — broken: ServeError: vLLM exited with code 2"
+    assert state.message == (
+        "failed candidates: broken, fp8 — broken: ServeError: vLLM for tiny exited with code 2 "
+        "before it was healthy | log: api_server.py: error: unrecognized arguments: "
+        "--no-such-vllm-flag; fp8: QuantizeError: x"
     )
-    assert first_line(None) == "failed" and len(first_line("x" * 1000)) == 200
+    assert first_line(None) == "failed" and len(first_line("x" * 1000)) == 300
