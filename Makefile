@@ -57,6 +57,9 @@ prefect-up: setup
 	  for i in $$(seq 120); do curl -sf $(PREFECT_API)/health >/dev/null && break; sleep 1; done; \
 	  curl -sf $(PREFECT_API)/health >/dev/null || { echo "Prefect server did not start; see $(LLM_RELEASE_HOME)/prefect-server.log"; exit 1; }; \
 	fi
+	@# Idempotent: the project's block types, the host-slot limit, and (NOTIFY_WEBHOOK=URL)
+	@# the automations that post failed runs and rollbacks to that webhook.
+	@PREFECT_API_URL=$(PREFECT_API) $(PY) -m flows.control $(if $(NOTIFY_WEBHOOK),--webhook-url $(NOTIFY_WEBHOOK))
 
 demo: hub-up prefect-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	@start=$$(date +%s); \

@@ -22,6 +22,7 @@ from llm_release.config import RolloutConfig
 from llm_release.errors import ReleaseError, StateError, one_line
 from llm_release.rollout import Answer, Question, RolloutOutcome, WindowRecord
 from llm_release.traffic import Traffic
+from tasks.notify import emit_rollback
 
 
 class CanaryAnswer(RunInput):
@@ -129,6 +130,7 @@ class FlowActions:
         self.logger.error("rolling back %s: %s", self.release_id, reason)
         promote.rollback(reason=reason)
         self._record("rolled back", reason=reason)
+        emit_rollback(self.release_id, reason)
 
 
 def install_alerts(release_id: str, service: str, slo: float, config: RolloutConfig) -> None:

@@ -13,6 +13,7 @@ from llm_release import decisions, registry
 from llm_release.config import ReleaseConfig
 from llm_release.promote import release_alive
 from tasks.acquire import resolve_revision
+from tasks.states import completed_with_failures
 
 
 class UpdateOutcome(BaseModel):
@@ -56,7 +57,9 @@ def model_update(config: ReleaseConfig) -> UpdateOutcome:
         update={"source": config.source.model_copy(update={"revision": commit})}
     )
     outcome = release(pinned)
-    return UpdateOutcome(status="judged", commit=commit, detail=outcome.summary, release=outcome)
+    update = UpdateOutcome(status="judged", commit=commit, detail=outcome.summary, release=outcome)
+    # The release's failed candidates show on this run too (the nightly run is what a team sees).
+    return completed_with_failures(update, outcome.failed)
 
 
 def main() -> None:

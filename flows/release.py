@@ -20,13 +20,14 @@ from flows.review import ask_reviewer
 from llm_release import decisions, paths, registry
 from llm_release.backends import sweep_containers
 from llm_release.config import ReleaseConfig, SourceConfig
-from llm_release.contenders import plan_contenders
+from llm_release.contenders import Contender, plan_contenders
 from llm_release.demo_model import DEMO_REPO_ID
 from llm_release.errors import ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
 from llm_release.preflight import check
 from llm_release.promote import DeployTarget
 from llm_release.report import render_markdown
+from llm_release.results import CandidateResult
 from llm_release.rollout import RolloutOutcome
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
@@ -36,6 +37,8 @@ from tasks.probe import probe_host
 from tasks.promote import promote_release
 from tasks.quantize import build_contender
 from tasks.report import publish_report
+from tasks.slots import ensure_host_limit
+from tasks.states import completed_with_failures, value_of
 from tasks.tune import tune_contender
 
 
@@ -52,6 +55,7 @@ class ReleaseOutcome(BaseModel):
     stage_seconds: dict[str, float]
     host: str
     skipped: dict[str, str | None]
+    failed: dict[str, str | None] = {}
     canary: RolloutOutcome | None = None
 
 
@@ -66,13 +70,15 @@ def hub_access(source: SourceConfig) -> tuple[SourceConfig, SecretStr | None]:
 @flow(name="release")
 def release(config: ReleaseConfig) -> ReleaseOutcome:
     """Release a model: the champion and every challenger are measured alike; the winner
-    goes out as a canary."""
+    goes out as a canary. A run in which a candidate failed ends "Completed with failed
+    candidates", naming them; a direct call still returns the ReleaseOutcome."""
     logger = get_run_logger()
     champion, service_name = check(config)
     if config.serving.backend == "docker":
         # Containers a killed run of this home left behind (by label; never the registry's).
         for removed in sweep_containers(paths.home(), everything=False):
             logger.warning("removed a leftover %s", removed)
+    ensure_host_limit()
     run_id = f"{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{(flow_run.get_id() or 'local')[:8]}"
     run_dir = paths.runs_dir() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -96,7 +102,9 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
 
     mark = time.monotonic()
     plan = plan_contenders(config, acquired.model_dir, acquired.commit, host, champion)
-    plan = [build_contender(c, acquired.model_dir) for c in plan]
+    plan = [
+        value_of(build_contender(c, acquired.model_dir, return_state=True), Contender) for c in plan
+    ]
     timed("quantize", mark)
 
     if config.tune.enabled:
@@ -118,9 +126,12 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
             run_dir / "candidates" / c.name,
             service_name,
             run_id,
+            return_state=True,
         )
         for c in plan
     ]
+    # A failed candidate is a Failed task run; its result goes on to the decision as before.
+    results = [value_of(state, CandidateResult) for state in results]
     timed("measure", mark)
 
     mark = time.monotonic()
@@ -218,7 +229,7 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         "canary": canary.model_dump(mode="json") if canary else None,
     }
     files = publish_report(run_dir, markdown, payload, results, decision)
-    return ReleaseOutcome(
+    outcome = ReleaseOutcome(
         run_id=run_id,
         run_dir=str(run_dir),
         report=files["markdown"],
@@ -232,7 +243,9 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         stage_seconds=seconds,
         host=host.host.describe(),
         skipped={r.name: r.error for r in results if r.status == "skipped"},
+        failed={r.name: r.error for r in results if r.status == "failed"},
     )
+    return completed_with_failures(outcome, outcome.failed)
 
 
 def cli_config(description: str) -> tuple[ReleaseConfig, Path | None]:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.schemas.objects import State
 
 from llm_release import measurements
 from llm_release.candidate import measure
@@ -11,6 +12,8 @@ from llm_release.config import EvalConfig, LoadProfile
 from llm_release.contenders import Contender
 from llm_release.probe import ServingPlan
 from llm_release.results import CandidateResult
+from tasks.slots import host_slot
+from tasks.states import failed_with, first_line
 
 
 @task(name="measure-candidate", cache_policy=NO_CACHE, task_run_name="measure-{contender.name}")
@@ -23,14 +26,20 @@ def measure_contender(
     out_dir: Path,
     public_name: str,
     run_id: str,
-) -> CandidateResult:
+) -> CandidateResult | State:
     """Serve, evaluate, load-test and tear down one contender; the champion's measurement
-    is reused when nothing it depends on changed (measurements.fingerprint)."""
+    is reused when nothing it depends on changed (measurements.fingerprint). A candidate
+    that failed ends as a Failed task run carrying its result (a skipped one, which this
+    host cannot serve, is no failure)."""
     logger = get_run_logger()
     if contender.outcome is not None:
         logger.warning(
             "%s: %s — %s", contender.name, contender.outcome.status, contender.outcome.error
         )
+        if contender.outcome.status == "failed":
+            return failed_with(
+                contender.outcome, f"{contender.name}: {first_line(contender.outcome.error)}"
+            )
         return contender.outcome
     fingerprint = measurements.fingerprint(
         contender.model_dir, contender.serving, evaluation, load, host
@@ -51,21 +60,23 @@ def measure_contender(
                 "%s: measurement of run %s reused (nothing changed)", contender.name, from_run
             )
             return stored.model_copy(update=identity | {"reused_from": from_run})
-    result = measure(
-        name=contender.name,
-        scheme=contender.scheme,
-        model_dir=contender.model_dir,
-        tokenizer_dir=tokenizer_dir,
-        serving=contender.serving,
-        evaluation=evaluation,
-        load=load,
-        out_dir=out_dir,
-        public_name=public_name,
-        run_id=run_id,
-    ).model_copy(update=identity)
+    with host_slot(f"measure {contender.name}"):
+        result = measure(
+            name=contender.name,
+            scheme=contender.scheme,
+            model_dir=contender.model_dir,
+            tokenizer_dir=tokenizer_dir,
+            serving=contender.serving,
+            evaluation=evaluation,
+            load=load,
+            out_dir=out_dir,
+            public_name=public_name,
+            run_id=run_id,
+        ).model_copy(update=identity)
     if result.status == "measured":
         measurements.save(result, run_id)
         logger.info("%s measured: %s", contender.name, result.stage_seconds)
     else:
         logger.error("%s failed: %s", contender.name, result.error)
+        return failed_with(result, f"{contender.name}: {first_line(result.error)}")
     return result

@@ -8,6 +8,7 @@ from prefect.cache_policies import NO_CACHE
 from llm_release.config import CandidateConfig, ServingConfig
 from llm_release.hardware import detect
 from llm_release.probe import ServingPlan, plan_serving
+from tasks.slots import host_slot
 
 
 @task(name="probe-host", cache_policy=NO_CACHE)
@@ -16,7 +17,9 @@ def probe_host(
 ) -> ServingPlan:
     """Which dtype to serve and which schemes the runtime can serve here, before building."""
     logger = get_run_logger()
-    plan = plan_serving(model_dir, candidates, serving, detect(), probe=serving.probe_schemes)
+    # The probe starts the serving runtime to time matmuls and try schemes: a host step.
+    with host_slot("probe the host"):
+        plan = plan_serving(model_dir, candidates, serving, detect(), probe=serving.probe_schemes)
     logger.info("host: %s", plan.describe())
     logger.info("served dtype %s: %s", plan.served_dtype, plan.dtype_reason)
     for support in plan.schemes:

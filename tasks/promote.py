@@ -5,6 +5,7 @@ from prefect.cache_policies import NO_CACHE
 
 from llm_release.promote import DeployTarget, deploy
 from llm_release.registry import RegistryState
+from tasks.slots import host_slot
 
 
 @task(name="promote", cache_policy=NO_CACHE)
@@ -15,13 +16,16 @@ def promote_release(
     canary_weight: int,
     router_port: int | None,
 ) -> RegistryState:
-    state = deploy(
-        stable_target,
-        canary_target,
-        public_name=public_name,
-        canary_weight=canary_weight,
-        router_port=router_port,
-    )
+    # Starting the servers (a compile on first start) is a host step; serving afterwards is
+    # the release's job and holds no slot.
+    with host_slot("deploy"):
+        state = deploy(
+            stable_target,
+            canary_target,
+            public_name=public_name,
+            canary_weight=canary_weight,
+            router_port=router_port,
+        )
     logger = get_run_logger()
     logger.info("stable: %s", state.stable.release_id if state.stable else None)
     logger.info(

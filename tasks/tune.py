@@ -9,6 +9,7 @@ from llm_release.config import ReleaseConfig
 from llm_release.contenders import Contender
 from llm_release.hardware import detect
 from llm_release.tune import tune_candidate
+from tasks.slots import host_slot
 
 
 @task(name="tune-candidate", cache_policy=NO_CACHE, task_run_name="tune-{contender.name}")
@@ -21,17 +22,19 @@ def tune_contender(
     if not config.tune.enabled or contender.outcome is not None or contender.role == "champion":
         return contender
     logger = get_run_logger()
-    result, serving = tune_candidate(
-        config.tune,
-        model_dir=contender.model_dir,
-        tokenizer_dir=tokenizer_dir,
-        served_names=[contender.name],
-        serving=contender.serving,
-        load=config.load,
-        gates=config.gates,
-        host=detect(),
-        out_dir=out_dir,
-    )
+    # Tuning starts servers and loads the host like a measurement: it takes a host slot.
+    with host_slot(f"tune {contender.name}"):
+        result, serving = tune_candidate(
+            config.tune,
+            model_dir=contender.model_dir,
+            tokenizer_dir=tokenizer_dir,
+            served_names=[contender.name],
+            serving=contender.serving,
+            load=config.load,
+            gates=config.gates,
+            host=detect(),
+            out_dir=out_dir,
+        )
     logger.info(
         "%s tuned: %s (goodput %d streams, %d server starts, %.0f s)",
         contender.name,

@@ -31,13 +31,39 @@ def lb_get(url: str, count: int) -> None:
         assert requests.get(f"{url}/v1/models", timeout=10).status_code == 200
 
 
+def prefect_task_runs(flow_run_id) -> dict:
+    """The run's task states and its failed-task count, read from the API as the UI does."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    only_run = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+
+    async def read():
+        async with get_client() as client:
+            task_runs = await client.read_task_runs(flow_run_filter=only_run)
+            # The dashboard's "failed" figure: POST /task_runs/count with a state filter.
+            response = await client._client.post(
+                "/task_runs/count",
+                json={
+                    "flow_runs": only_run.model_dump(mode="json"),
+                    "task_runs": {"state": {"type": {"any_": ["FAILED"]}}},
+                },
+            )
+            return task_runs, response.json()
+
+    task_runs, failed = asyncio.run(read())
+    return {"states": {t.name: t.state.type.value for t in task_runs}, "failed_count": failed}
+
+
 def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path):
     from flows.release import release
     from llm_release.config import ReleaseConfig
     from llm_release.serve import free_port
 
     router_port = free_port()
-    out = release(
+    final = release(
         ReleaseConfig.model_validate(
             {
                 "source": {"repo_id": TINY_REPO, "endpoint": hub.url},
@@ -70,8 +96,11 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
                 "gates": {"ttft_p95_slo_s": 120},
                 "router_port": router_port,
             }
-        )
+        ),
+        return_state=True,
     )
+    # A direct caller still gets the typed outcome, whatever the run's state is named.
+    out = final.result()
     run_dir = home / "runs" / out.run_id
     report = json.loads((run_dir / "report.json").read_text())
     results = {r["name"]: r for r in report["results"]}
@@ -90,11 +119,23 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
         assert all(e["num_items"] == 8 and len(e["items"]) == 8 for e in r["evals"])
         assert [lv["concurrency"] for lv in r["load"]["levels"]] == [1, 2]
         assert all(lv["requests"] == 4 and lv["ttft_p95_ms"] > 0 for lv in r["load"]["levels"])
+    runs = prefect_task_runs(final.state_details.flow_run_id)
+    assert final.is_completed()
     if results["broken"]["status"] == "skipped":
         assert "broken" in unservable
     else:
         assert results["broken"]["status"] == "failed"
         assert "--no-such-vllm-flag" in results["broken"]["error"]
+        # What the UI shows: the broken candidate is a Failed task run, the others are not,
+        # the dashboard's failed count is not zero, and the run's state names the failure.
+        assert runs["states"]["measure-broken"] == "FAILED", runs["states"]
+        assert runs["failed_count"] >= 1
+        assert final.name == "Completed with failed candidates"
+        assert "broken" in final.message and "--no-such-vllm-flag" in final.message
+        assert set(out.failed) == {"broken"}
+    for name, r in results.items():
+        if r["status"] != "failed":
+            assert runs["states"][f"measure-{name}"] == "COMPLETED", (name, runs["states"])
     # The report names the CPU and runtime its figures come from.
     assert out.host in (run_dir / "report.md").read_text()
     assert report["host"]["served_dtype"] in {"bfloat16", "float32"}
