@@ -157,7 +157,7 @@ class ServingConfig(StrictModel):
         "server of this project holds",
     )
     shm_size_gib: float = Field(
-        4, gt=0, description="the container's /dev/shm (PyTorch shares tensors between ranks)"
+        4.0, gt=0, description="the container's /dev/shm (PyTorch shares tensors between ranks)"
     )
     ipc_host: bool = Field(
         False,

@@ -15,6 +15,8 @@ import json
 from importlib.metadata import version
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from . import paths
 from .config import EvalConfig, LoadProfile, ServingConfig
 from .evalsets import load_eval_set
@@ -41,6 +43,14 @@ def eval_sets_fingerprint(names: list[str]) -> dict[str, dict]:
     return out
 
 
+def _canonical(model: BaseModel, exclude: set[str] | None = None) -> dict:
+    """The settings as they read back from a file: a default written as ``4`` for a float
+    field is ``4.0`` once a release record is loaded, and a champion's settings come from
+    its record (a missed reuse, seen when ``shm_size_gib`` got its default)."""
+    again = type(model).model_validate_json(model.model_dump_json())
+    return again.model_dump(mode="json", exclude=exclude)
+
+
 def fingerprint(
     model_dir: Path,
     serving: ServingConfig,
@@ -52,9 +62,9 @@ def fingerprint(
         "model": _model_fingerprint(Path(model_dir)),
         "eval_sets": eval_sets_fingerprint(evaluation.eval_sets),
         "decoding": load_decoding(),
-        "evaluation": evaluation.model_dump(),
-        "load": load.model_dump(),
-        "serving": serving.model_dump(exclude={"startup_timeout_s"}),
+        "evaluation": _canonical(evaluation),
+        "load": _canonical(load),
+        "serving": _canonical(serving, exclude={"startup_timeout_s"}),
         "libraries": {
             "lm_eval": version("lm_eval"),
             "guidellm": version("guidellm"),
