@@ -97,3 +97,20 @@ def under_home(home: Path) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
             continue
     return sorted(found)
+
+
+def read_int(path: Path) -> int | None:
+    """An integer a daemon's file records (a pid, a port), or None when absent or garbled."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (FileNotFoundError, ValueError, IndexError):
+        return None
+
+
+def pid_from_file(path: Path, cmdline_has: str) -> int | None:
+    """The pid a pid file names, if that process still runs ``cmdline_has``: the file
+    outlives its daemon, and a reused pid is somebody else's process."""
+    pid = read_int(path)
+    if pid is None or not is_same(pid, None, cmdline_has=cmdline_has):
+        return None
+    return pid

@@ -229,20 +229,10 @@ class Prometheus:
 
     # -- process -------------------------------------------------------------------------
     def _recorded_port(self) -> int | None:
-        try:
-            return int(self.port_path.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
+        return processes.read_int(self.port_path)
 
     def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_path.read_text().split()[0])
-        except (FileNotFoundError, ValueError, IndexError):
-            return None
-        # The pid file outlives Prometheus; a reused pid is not ours unless it runs our config.
-        if not processes.is_same(pid, None, cmdline_has=f"--config.file={self.config_path}"):
-            return None
-        return pid
+        return processes.pid_from_file(self.pid_path, f"--config.file={self.config_path}")
 
     def running(self) -> bool:
         return self.pid() is not None

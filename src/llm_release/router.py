@@ -162,21 +162,11 @@ class Router:
     @property
     def metrics_port(self) -> int | None:
         """The port of HAProxy's Prometheus exporter, as recorded when it started."""
-        try:
-            return int(self.metrics_port_path.read_text().strip())
-        except (FileNotFoundError, ValueError):
-            return None
+        return processes.read_int(self.metrics_port_path)
 
     # -- process -------------------------------------------------------------------------
     def pid(self) -> int | None:
-        try:
-            pid = int(self.pid_path.read_text().split()[0])
-        except (FileNotFoundError, ValueError, IndexError):
-            return None
-        # The pid file outlives HAProxy; a reused pid is not ours unless it runs our config.
-        if not processes.is_same(pid, None, cmdline_has=str(self.config_path)):
-            return None
-        return pid
+        return processes.pid_from_file(self.pid_path, str(self.config_path))
 
     def running(self) -> bool:
         return self.pid() is not None and self.socket_path.exists()
