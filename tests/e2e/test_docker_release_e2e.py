@@ -22,14 +22,6 @@ from tests.helpers import TINY_REPO, vllm_processes
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 
-@pytest.fixture(scope="module")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 def cli(*args: str) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "llm_release.cli", *args],
@@ -83,6 +75,10 @@ def test_release_with_the_docker_backend(prefect_api, home, hub):
                 },
                 "gates": {"ttft_p95_slo_s": 120},
                 "review": {"auto": "approve"},
+                # The canary stays at its first step: this test drives promote/rollback
+                # itself (the walk is test_canary_e2e's). Without this the release would
+                # walk the canary and wait up to an hour for an approval.
+                "rollout": {"mode": "hold"},
                 "router_port": router_port,
             }
         )

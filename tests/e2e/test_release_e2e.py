@@ -57,6 +57,24 @@ def prefect_task_runs(flow_run_id) -> dict:
     return {"states": {t.name: t.state.type.value for t in task_runs}, "failed_count": failed}
 
 
+def prefect_artifact_keys(flow_run_id) -> set[str]:
+    """The keys of the artifacts this run published, read from the API as the UI does."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    async def read():
+        async with get_client() as client:
+            return await client.read_artifacts(
+                artifact_filter=ArtifactFilter(
+                    flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+                )
+            )
+
+    return {a.key for a in asyncio.run(read())}
+
+
 def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path):
     from flows.release import release
     from llm_release.config import ReleaseConfig
@@ -136,6 +154,10 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
     for name, r in results.items():
         if r["status"] != "failed":
             assert runs["states"][f"measure-{name}"] == "COMPLETED", (name, runs["states"])
+    assert prefect_artifact_keys(final.state_details.flow_run_id) == {
+        "release-candidates",
+        "release-report",
+    }
     # The report names the CPU and runtime its figures come from.
     assert out.host in (run_dir / "report.md").read_text()
     assert report["host"]["served_dtype"] in {"bfloat16", "float32"}
@@ -222,21 +244,3 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
 
     cli("down")
     assert vllm_processes(under=home) == []
-
-
-def test_prefect_artifacts_were_published(prefect_api):
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    async def read():
-        async with get_client() as client:
-            return await client.read_artifacts(
-                artifact_filter=ArtifactFilter(
-                    key=ArtifactFilterKey(any_=["release-candidates", "release-report"])
-                )
-            )
-
-    import asyncio
-
-    artifacts = asyncio.run(read())
-    assert {a.key for a in artifacts} == {"release-candidates", "release-report"}
