@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-DEPLOYMENTS = {"release", "model-update", "canary-rollout", "promote", "rollback", "eval-only"}
+DEPLOYMENTS = {"release", "release-gpu", "model-update", "canary-rollout", "promote", "rollback", "eval-only"}
 REPO = "tests/control-room"
 # The shortest lease Prefect 3.9's API accepts (ge=60 on /v2/concurrency_limits/increment-with-lease).
 LEASE_S = 60
@@ -246,7 +246,19 @@ def test_deploy_all_gives_every_action_a_typed_form(control, worker):
     with get_client(sync_client=True) as client:
         deployments = {d.name: d for d in client.read_deployments()}
     assert set(deployments) == DEPLOYMENTS
+    # The forms' defaults are the named profiles: on this CPU host, the demo's settings.
+    from llm_release.config import ReleaseConfig
+
+    demo = json.loads((ROOT / "configs" / "demo.json").read_text())
+    for name in ("release", "model-update"):
+        defaults = dict(deployments[name].parameters["config"])
+        assert defaults.pop("source")["repo_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        assert defaults == demo, name
+    gpu = ReleaseConfig.model_validate(deployments["release-gpu"].parameters["config"])
+    assert not gpu.serving.enforce_eager and gpu.load.concurrencies == [10, 50, 100]
     for name, deployment in deployments.items():
+        if "config" in deployment.parameters:
+            ReleaseConfig.model_validate(deployment.parameters["config"])
         schema = deployment.parameter_openapi_schema
         assert schema["properties"], name
         for param, spec in schema["properties"].items():
