@@ -20,13 +20,14 @@ PIDS := $(LLM_RELEASE_HOME)/pids
 HUB_URL := http://127.0.0.1:$(HUB_PORT)
 PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 
-.PHONY: help setup image demo test test-fast lint hub-up prefect-up down status bench
+.PHONY: help setup image demo test test-fast lint hub-up prefect-up worker-up down status bench
 
 help:
 	@echo "make demo      set up everything, release SmolLM2-135M-Instruct, then walk its next revision as a canary"
 	@echo "make test      set up everything and run the whole test suite"
 	@echo "make down      stop every server the project started (Prometheus keeps its data)"
 	@echo "make image     build the docker backend's vLLM CPU image (reused while its inputs hold)"
+	@echo "make worker-up deploy prefect.yaml and start a process worker (what the UI's Run button needs)"
 	@echo "make demo SERVING_BACKEND=docker   the demo with vLLM in containers"
 	@echo "make status    show the releases behind the load balancer"
 
@@ -61,12 +62,31 @@ prefect-up: setup
 	@# the automations that post failed runs and rollbacks to that webhook.
 	@PREFECT_API_URL=$(PREFECT_API) $(PY) -m flows.control $(if $(NOTIFY_WEBHOOK),--webhook-url $(NOTIFY_WEBHOOK))
 
-demo: hub-up prefect-up $(if $(filter docker,$(SERVING_BACKEND)),image)
+# The work pool, every deployment of prefect.yaml, and one process worker (its log:
+# .llm-release/worker.log; 'make down' stops it). What the UI's Run button needs.
+worker-up: prefect-up
+	@export PREFECT_API_URL=$(PREFECT_API) LLM_RELEASE_PROJECT=$(CURDIR); \
+	.venv/bin/prefect work-pool inspect llm-release >/dev/null 2>&1 || \
+	  .venv/bin/prefect work-pool create llm-release --type process >/dev/null || exit 1; \
+	.venv/bin/prefect --no-prompt deploy --all > $(LLM_RELEASE_HOME)/deploy.log 2>&1 || \
+	  { echo "prefect deploy --all failed; see $(LLM_RELEASE_HOME)/deploy.log"; exit 1; }; \
+	if ! { [ -f $(PIDS)/worker.pid ] && kill -0 $$(cat $(PIDS)/worker.pid) 2>/dev/null; }; then \
+	  PREFECT_WORKER_QUERY_SECONDS=3 setsid nohup .venv/bin/prefect worker start --pool llm-release \
+	    >> $(LLM_RELEASE_HOME)/worker.log 2>&1 < /dev/null & \
+	  echo $$! > $(PIDS)/worker.pid; \
+	fi; \
+	echo "worker: pool llm-release, deployments of prefect.yaml (log: $(LLM_RELEASE_HOME)/worker.log)"
+
+# The demo's runs go through the deployments and the worker, as a run from the UI does, so
+# they are the runs a user later finds under Deployments; the worker's log is shown live.
+DEMO_RUN = PREFECT_API_URL=$(PREFECT_API) $(PY) -m
+demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	@start=$$(date +%s); \
-	PREFECT_API_URL=$(PREFECT_API) HF_ENDPOINT=$(HUB_URL) $(PY) -m flows.release \
+	tail -n0 -F $(LLM_RELEASE_HOME)/worker.log 2>/dev/null & tailer=$$!; \
+	$(DEMO_RUN) flows.release --deployment release/release \
 	  --hub-endpoint $(HUB_URL) --config configs/demo.json --serving-backend $(SERVING_BACKEND) \
 	  --output $(LLM_RELEASE_HOME)/demo-result.json; \
-	rc=$$?; end=$$(date +%s); \
+	rc=$$?; end=$$(date +%s); kill $$tailer 2>/dev/null; \
 	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	report=$$(jq -r .report $(LLM_RELEASE_HOME)/demo-result.json); \
 	echo; echo "== decision =="; grep -m1 '^- \*\*Decision' "$$report"; \
@@ -76,10 +96,11 @@ demo: hub-up prefect-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	echo; echo "== upstream publishes the next revision; the scheduled model-update releases it as a canary =="; \
 	$(CLI) hub publish-demo --update || exit $$?; \
 	start=$$(date +%s); \
-	PREFECT_API_URL=$(PREFECT_API) HF_ENDPOINT=$(HUB_URL) $(PY) -m flows.model_update \
+	tail -n0 -F $(LLM_RELEASE_HOME)/worker.log 2>/dev/null & tailer=$$!; \
+	$(DEMO_RUN) flows.model_update --deployment model-update/model-update \
 	  --hub-endpoint $(HUB_URL) --config configs/demo-update.json --serving-backend $(SERVING_BACKEND) \
 	  --output $(LLM_RELEASE_HOME)/demo-update.json; \
-	rc=$$?; end=$$(date +%s); \
+	rc=$$?; end=$$(date +%s); kill $$tailer 2>/dev/null; \
 	if [ $$rc -ne 0 ]; then echo "the update failed (exit $$rc); see the log above"; exit $$rc; fi; \
 	echo; jq -r '"model-update: " + .status + " — " + .detail' $(LLM_RELEASE_HOME)/demo-update.json; \
 	report=$$(jq -r '.release.report // empty' $(LLM_RELEASE_HOME)/demo-update.json); \

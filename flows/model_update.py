@@ -23,7 +23,7 @@ class UpdateOutcome(BaseModel):
     release: ReleaseOutcome | None = None
 
 
-@flow(name="model-update")
+@flow(name="model-update", persist_result=True, result_serializer="json")
 def model_update(config: ReleaseConfig) -> UpdateOutcome:
     """Resolve the upstream revision; release it when it is new to this service."""
     logger = get_run_logger()
@@ -63,7 +63,11 @@ def model_update(config: ReleaseConfig) -> UpdateOutcome:
 
 
 def main() -> None:
-    run_cli(model_update, *cli_config("Check the hub once; release a new commit (in-process)."))
+    run_cli(
+        model_update,
+        cli_config("Check the hub once; release a new commit (in-process)."),
+        UpdateOutcome,
+    )
 
 
 if __name__ == "__main__":

@@ -67,7 +67,9 @@ def hub_access(source: SourceConfig) -> tuple[SourceConfig, SecretStr | None]:
     return source.model_copy(update={"endpoint": source.endpoint or hub.endpoint}), hub.token
 
 
-@flow(name="release")
+# Results are persisted (as JSON, never pickle) so that a caller that started the run through
+# the deployment and a worker (`--deployment`, `make demo`) reads the same typed outcome.
+@flow(name="release", persist_result=True, result_serializer="json")
 def release(config: ReleaseConfig) -> ReleaseOutcome:
     """Release a model: the champion and every challenger are measured alike; the winner
     goes out as a canary. A run in which a candidate failed ends "Completed with failed
@@ -248,7 +250,17 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     return completed_with_failures(outcome, outcome.failed)
 
 
-def cli_config(description: str) -> tuple[ReleaseConfig, Path | None]:
+class CliRun(BaseModel):
+    """A command-line run: the config, where to write the outcome, and (optionally) the
+    Prefect deployment that runs it on a worker instead of in this process."""
+
+    config: ReleaseConfig
+    output: Path | None = None
+    deployment: str | None = None
+    deployment_timeout_s: int = 4 * 3600
+
+
+def cli_config(description: str) -> CliRun:
     """The release config of a command-line run: a JSON file plus --repo-id/--revision."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--repo-id", default=DEMO_REPO_ID)
@@ -261,6 +273,12 @@ def cli_config(description: str) -> tuple[ReleaseConfig, Path | None]:
         choices=["process", "docker"],
         help="override serving.backend of the config (make demo SERVING_BACKEND=docker)",
     )
+    parser.add_argument(
+        "--deployment",
+        help="run through this Prefect deployment (FLOW/DEPLOYMENT, e.g. release/release) on "
+        "a worker, as the UI does, and wait for it; default: run the flow in this process",
+    )
+    parser.add_argument("--deployment-timeout-s", type=int, default=4 * 3600)
     args = parser.parse_args()
     try:
         data = json.loads(args.config.read_text()) if args.config else {}
@@ -270,25 +288,82 @@ def cli_config(description: str) -> tuple[ReleaseConfig, Path | None]:
         if args.hub_endpoint:
             source["endpoint"] = args.hub_endpoint
         data["source"] = source | data.get("source", {})
-        return ReleaseConfig.model_validate(data), args.output
+        return CliRun(
+            config=ReleaseConfig.model_validate(data),
+            output=args.output,
+            deployment=args.deployment,
+            deployment_timeout_s=args.deployment_timeout_s,
+        )
     except (ValidationError, ValueError, OSError) as exc:
         raise SystemExit(f"error: {one_line(exc)}") from None
 
 
-def run_cli(flow_fn, config: ReleaseConfig, output: Path | None) -> None:
+def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome_type):
+    """Start ``name`` with ``config`` as the UI's run form does, wait for a worker to run it,
+    and return its typed outcome (the flow's persisted result)."""
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_UI_URL
+
     try:
-        outcome = flow_fn(config)
+        flow_run = run_deployment(
+            name=name,
+            parameters={"config": config.model_dump(mode="json")},
+            timeout=0,
+        )
+    except Exception as exc:  # noqa: BLE001 - a missing deployment or API, in one line
+        raise ReleaseError(
+            f"could not start deployment {name!r}: {one_line(exc)}",
+            hint="'make prefect-up worker-up' deploys prefect.yaml and starts a worker",
+        ) from exc
+    ui = PREFECT_UI_URL.value()
+    print(f"Prefect run {flow_run.name}: {ui}/runs/flow-run/{flow_run.id}" if ui else flow_run.id)
+    flow_run = run_deployment_wait(flow_run.id, timeout_s)
+    if not flow_run.state.is_final():
+        raise ReleaseError(
+            f"run {flow_run.name} is still {flow_run.state.name} after {timeout_s} s",
+            hint="is a worker running on pool 'llm-release'? ('make worker-up')",
+        )
+    if not flow_run.state.is_completed():
+        raise ReleaseError(
+            f"run {flow_run.name} ended {flow_run.state.name}: {flow_run.state.message or ''}",
+            hint="its log is in the Prefect UI",
+        )
+    result = flow_run.state.result()
+    return outcome_type.model_validate(result if isinstance(result, dict) else result.model_dump())
+
+
+def run_deployment_wait(flow_run_id, timeout_s: int, poll_s: float = 5.0):
+    """The flow run once it is final, or as it is after ``timeout_s``."""
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            flow_run = client.read_flow_run(flow_run_id)
+            if (flow_run.state and flow_run.state.is_final()) or time.monotonic() > deadline:
+                return flow_run
+            time.sleep(poll_s)
+
+
+def run_cli(flow_fn, run: CliRun, outcome_type) -> None:
+    try:
+        if run.deployment:
+            outcome = through_deployment(
+                run.deployment, run.config, run.deployment_timeout_s, outcome_type
+            )
+        else:
+            outcome = flow_fn(run.config)
     except (ReleaseError, ValidationError, ParameterTypeError, ValueError, OSError) as exc:
         # Bad input ends in one line (Prefect's run log keeps the traceback).
         raise SystemExit(f"error: {one_line(exc)}") from None
     text = outcome.model_dump_json(indent=2)
-    if output:
-        atomic_write_text(output, text + "\n")
+    if run.output:
+        atomic_write_text(run.output, text + "\n")
     print(text)
 
 
 def main() -> None:
-    run_cli(release, *cli_config("Run one release (the flow, in-process)."))
+    run_cli(release, cli_config("Run one release (the flow, in-process)."), ReleaseOutcome)
 
 
 if __name__ == "__main__":

@@ -328,9 +328,22 @@ def test_model_update_of_a_released_commit_ends_in_seconds(control, worker, tmp_
             "model-update/model-update",
             {"config": {"source": {"repo_id": REPO, "endpoint": hub.url}}},
         )
+        # What `make demo` does (flows.model_update --deployment): the run's typed outcome,
+        # read back from the result the worker's run persisted.
+        from flows.model_update import UpdateOutcome
+        from flows.release import through_deployment
+        from llm_release.config import ReleaseConfig
+
+        outcome = through_deployment(
+            "model-update/model-update",
+            ReleaseConfig.model_validate({"source": {"repo_id": REPO, "endpoint": hub.url}}),
+            120,
+            UpdateOutcome,
+        )
     print(f"model-update (already released) through the worker: {seconds:.1f}s")
     assert flow_run.state.is_completed(), flow_run.state
     assert seconds < 15
+    assert (outcome.status, outcome.commit) == ("up-to-date", commit), outcome
 
 
 def test_eval_only_waits_for_the_slot_then_evaluates_the_stable_release(
