@@ -316,7 +316,8 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
             hint="'make prefect-up worker-up' deploys prefect.yaml and starts a worker",
         ) from exc
     ui = PREFECT_UI_URL.value()
-    print(f"Prefect run {flow_run.name}: {ui}/runs/flow-run/{flow_run.id}" if ui else flow_run.id)
+    page = f"{ui}/runs/flow-run/{flow_run.id}" if ui else f"flow run {flow_run.id}"
+    print(f"Prefect run {flow_run.name}: {page}", flush=True)
     flow_run = run_deployment_wait(flow_run.id, timeout_s)
     if not flow_run.state.is_final():
         raise ReleaseError(
@@ -326,7 +327,7 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
     if not flow_run.state.is_completed():
         raise ReleaseError(
             f"run {flow_run.name} ended {flow_run.state.name}: {flow_run.state.message or ''}",
-            hint="its log is in the Prefect UI",
+            hint=f"its log: {page}",
         )
     result = flow_run.state.result()
     return outcome_type.model_validate(result if isinstance(result, dict) else result.model_dump())
