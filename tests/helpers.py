@@ -60,3 +60,83 @@ def answer_paused_run(approve: bool, comment: str) -> threading.Thread:
     thread = threading.Thread(target=context.run, args=(run,), daemon=True)
     thread.start()
     return thread
+
+
+def prefect_server_with_ui(base: Path):
+    """A ``prefect server start`` on a free loopback port with its UI on (the test harness
+    turns the UI off), this process's client pointed at it while the context is open."""
+    import contextlib
+    import os
+    import signal
+    import sys
+
+    import requests
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from llm_release.serve import free_port
+
+    @contextlib.contextmanager
+    def server():
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")} | {
+            "PREFECT_HOME": str(base / "prefect-home"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_UI_ENABLED": "true",
+            # The address the UI's scripts call (default: port 4200, not this one).
+            "PREFECT_UI_API_URL": f"{url}/api",
+            "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
+        }
+        log = base / "prefect-server.log"
+        proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "prefect"),
+                *("server", "start", "--host", "127.0.0.1", "--port", str(port)),
+            ],
+            env=env,
+            stdout=open(log, "wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if requests.get(f"{url}/api/health", timeout=2).status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
+                yield url
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+
+    return server()
+
+
+def chromium_page(url: str, png: Path, wait_ms: int = 20000) -> str:
+    """Load ``url`` in headless Chromium (Debian's), save a screenshot to ``png`` and return
+    the page's DOM after its scripts ran (the Prefect UI is a single-page app)."""
+    import shutil
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is missing: 'make setup' installs it"
+    common = [
+        chromium,
+        "--headless",
+        "--no-sandbox",  # root in a container has no user namespace for the sandbox
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1600,1400",
+        f"--virtual-time-budget={wait_ms}",
+    ]
+    shot = subprocess.run(
+        [*common, f"--screenshot={png}", url], capture_output=True, text=True, timeout=180
+    )
+    assert shot.returncode == 0 and png.stat().st_size > 10_000, shot.stderr[-2000:]
+    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return dom.stdout

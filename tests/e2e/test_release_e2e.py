@@ -10,9 +10,17 @@ import requests
 
 from llm_release import registry
 from llm_release.hub_server import publish_repo
-from tests.helpers import TINY_REPO, vllm_processes
+from tests.helpers import TINY_REPO, chromium_page, prefect_server_with_ui, vllm_processes
 
 pytestmark = [pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory):
+    """This module's runs go to a full ``prefect server start`` with its UI on (the test
+    harness serves no UI), so the run's page can be opened in a browser."""
+    with prefect_server_with_ui(tmp_path_factory.mktemp("prefect-ui")) as url:
+        yield url
 
 
 def cli(*args: str) -> str:
@@ -57,8 +65,8 @@ def prefect_task_runs(flow_run_id) -> dict:
     return {"states": {t.name: t.state.type.value for t in task_runs}, "failed_count": failed}
 
 
-def prefect_artifact_keys(flow_run_id) -> set[str]:
-    """The keys of the artifacts this run published, read from the API as the UI does."""
+def prefect_artifacts(flow_run_id) -> dict:
+    """The artifacts this run published, by key, read from the API as the UI does."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -72,7 +80,7 @@ def prefect_artifact_keys(flow_run_id) -> set[str]:
                 )
             )
 
-    return {a.key for a in asyncio.run(read())}
+    return {a.key: a for a in asyncio.run(read())}
 
 
 def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path):
@@ -154,10 +162,21 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
     for name, r in results.items():
         if r["status"] != "failed":
             assert runs["states"][f"measure-{name}"] == "COMPLETED", (name, runs["states"])
-    assert prefect_artifact_keys(final.state_details.flow_run_id) == {
-        "release-candidates",
-        "release-report",
-    }
+    artifacts = prefect_artifacts(final.state_details.flow_run_id)
+    assert set(artifacts) == {"release-candidates", "release-report", "release-plots"}
+    # What a person sees: the run's page and its candidates table in the Prefect UI, in a
+    # real browser (headless Chromium); the screenshots stay in the run folder.
+    run_page = chromium_page(
+        f"{prefect_api}/runs/flow-run/{final.state_details.flow_run_id}", run_dir / "ui-run.png"
+    )
+    # The state badge shows the state's name ("Completed with failed candidates").
+    assert f">{final.name}<" in run_page, run_page[-2000:]
+    table_page = chromium_page(
+        f"{prefect_api}/artifacts/artifact/{artifacts['release-candidates'].id}",
+        run_dir / "ui-candidates.png",
+    )
+    header = table_page.index('title="verdict"')  # the first column
+    assert all(table_page.index(f">{name}<") > header for name in results), table_page[-3000:]
     # The report names the CPU and runtime its figures come from.
     assert out.host in (run_dir / "report.md").read_text()
     assert report["host"]["served_dtype"] in {"bfloat16", "float32"}

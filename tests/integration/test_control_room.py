@@ -27,7 +27,15 @@ pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-DEPLOYMENTS = {"release", "release-gpu", "model-update", "canary-rollout", "promote", "rollback", "eval-only"}
+DEPLOYMENTS = {
+    "release",
+    "release-gpu",
+    "model-update",
+    "canary-rollout",
+    "promote",
+    "rollback",
+    "eval-only",
+}
 REPO = "tests/control-room"
 # The shortest lease Prefect 3.9's API accepts (ge=60 on /v2/concurrency_limits/increment-with-lease).
 LEASE_S = 60
