@@ -118,9 +118,13 @@ status:
 	@$(CLI) canary status
 
 # The image is built before the tests (its time printed on its own); the docker tests find it.
+# Two pytest workers, a test file each at a time (--dist loadfile keeps a module's servers
+# and fixtures in one process): most of the suite's time is vLLM starts (single-threaded
+# imports of three processes, ~25 s each) and waits on live windows and leases, which
+# overlap on two cores; 30.1 min in one process on an AVX-512 host, see README "Tests".
 test: setup image
 	.venv/bin/ruff check .
-	$(PY) -m pytest -v --durations=30
+	$(PY) -m pytest -v -n 2 --dist loadfile --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -v -m "not slow"

@@ -163,7 +163,7 @@ def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tm
         if r["status"] != "failed":
             assert runs["states"][f"measure-{name}"] == "COMPLETED", (name, runs["states"])
     artifacts = prefect_artifacts(final.state_details.flow_run_id)
-    assert set(artifacts) == {"release-candidates", "release-report", "release-plots"}
+    assert {"release-candidates", "release-report", "release-plots"} <= set(artifacts)
     # What a person sees: the run's page and its candidates table in the Prefect UI, in a
     # real browser (headless Chromium); the screenshots stay in the run folder.
     run_page = chromium_page(

@@ -10,7 +10,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_bad_arguments_fail_the_candidate_with_the_log_tail(home, tiny_model_dir, tmp_path):
-    before = vllm_processes()
+    # Only servers of this test's model: another pytest worker may be starting its own.
+    before = vllm_processes(under=tiny_model_dir.parent)
     serving = ServingConfig(enforce_eager=True, extra_args=["--no-such-vllm-flag"])
     result = measure(
         name="broken",
@@ -27,7 +28,7 @@ def test_bad_arguments_fail_the_candidate_with_the_log_tail(home, tiny_model_dir
     assert "ServeError" in result.error
     assert "bad vLLM arguments" in result.error
     assert "--no-such-vllm-flag" in result.error, "the server's log tail is not in the error"
-    assert vllm_processes() == before
+    assert vllm_processes(under=tiny_model_dir.parent) == before
 
 
 def test_a_server_that_dies_after_it_was_ready_is_reported_with_its_own_exit(
