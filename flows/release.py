@@ -330,6 +330,11 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
             hint=f"its log: {page}",
         )
     result = flow_run.state.result()
+    if isinstance(result, dict) and set(result) == {"__class__", "data"}:
+        # Prefect's JSON serializer names the class by the module the worker loaded the flow
+        # file as ('model_update.UpdateOutcome'), which this process may not import: the
+        # fields are under 'data', validated here as the type the caller expects.
+        result = result["data"]
     return outcome_type.model_validate(result if isinstance(result, dict) else result.model_dump())
 
 

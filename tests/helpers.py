@@ -108,8 +108,17 @@ def prefect_server_with_ui(base: Path):
                     pass
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(0.5)
-            with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
-                yield url
+            # The environment too: a thread that does not carry this context reads it.
+            previous = os.environ.get("PREFECT_API_URL")
+            os.environ["PREFECT_API_URL"] = f"{url}/api"
+            try:
+                with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
+                    yield url
+            finally:
+                if previous is None:
+                    os.environ.pop("PREFECT_API_URL", None)
+                else:
+                    os.environ["PREFECT_API_URL"] = previous
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(30)

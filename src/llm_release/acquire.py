@@ -7,6 +7,7 @@ is deleted and fetched again, and the stage fails naming the files if it never m
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
@@ -444,8 +445,19 @@ def acquire(
         outcomes[shards[0].path] = one(shards[0])
         if outcomes[shards[0].path].error:
             fail([shards[0].path], first=True)
+        # Each shard runs in the caller's context: the progress callback reports through the
+        # caller's orchestrator settings and run (a bare pool thread has neither: Prefect's
+        # client there read the environment and, with no API URL in it, started a server of
+        # its own, whose 404 for the progress artifact failed the download).
+        caller = contextvars.copy_context()
+
+        def in_caller_context(remote):
+            return caller.copy().run(one, remote)
+
         with ThreadPoolExecutor(max_workers=settings.workers) as pool:
-            for remote, outcome in zip(shards[1:], pool.map(one, shards[1:]), strict=True):
+            for remote, outcome in zip(
+                shards[1:], pool.map(in_caller_context, shards[1:]), strict=True
+            ):
                 outcomes[remote.path] = outcome
         failed = [p for p, o in outcomes.items() if o.error]
         if failed:

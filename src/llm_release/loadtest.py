@@ -101,6 +101,11 @@ def short_levels(levels: list[LoadLevel]) -> list[int]:
     ]
 
 
+# GuideLLM's error when a level ended with no request measured (guidellm/benchmark/schemas/
+# metrics.py, GenerativeMetrics.compile).
+NOTHING_MEASURED = "No measurement start or end times available"
+
+
 def _run_guidellm(
     base_url: str,
     served_name: str,
@@ -124,6 +129,12 @@ def _run_guidellm(
             )
         except subprocess.TimeoutExpired as exc:
             raise LoadTestError(f"GuideLLM ran longer than {budget:.0f}s; see {log_path}") from exc
+    if proc.returncode != 0 and NOTHING_MEASURED in log_path.read_text(errors="replace"):
+        # GuideLLM 0.6 closed a level before any request of it was recorded and then fails
+        # compiling that level's metrics (seen at 2 requests a level with two test workers
+        # sharing 2 cores): the same as a level closed early, so it is run again.
+        log.warning("%s: GuideLLM recorded no request of a level (%s)", served_name, log_path)
+        return []
     if proc.returncode != 0 or not report_path.exists():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise LoadTestError(f"GuideLLM exited with {proc.returncode}; log tail:\n{tail}")

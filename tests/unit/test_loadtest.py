@@ -90,3 +90,34 @@ def test_a_level_never_reported_fails_the_load_test(monkeypatch, tmp_path):
     fake_guidellm(monkeypatch, [[level(1, 4)], [], []])
     with pytest.raises(LoadTestError, match=r"no benchmark for concurrency \[2\]"):
         loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+
+
+def guidellm_exiting(monkeypatch, output: str):
+    """Replace only the subprocess: GuideLLM prints ``output`` and exits with 1."""
+    import subprocess
+
+    def run(cmd, stdout, **kwargs):
+        stdout.write(output.encode())
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(loadtest.subprocess, "run", run)
+
+
+def test_a_level_with_no_request_recorded_is_run_again_not_failed(monkeypatch, tmp_path):
+    guidellm_exiting(
+        monkeypatch,
+        "Traceback (most recent call last):\nValueError: Cannot compile GenerativeMetrics: "
+        "No measurement start or end times available.\n",
+    )
+    levels = loadtest._run_guidellm(
+        "http://x", "m", tmp_path, PROFILE, tmp_path / "g.json", tmp_path / "g.log"
+    )
+    assert levels == []  # run_load_test then runs the level again (see the tests above)
+
+
+def test_any_other_guidellm_failure_fails_with_its_log_tail(monkeypatch, tmp_path):
+    guidellm_exiting(monkeypatch, "ValueError: the backend refused the connection\n")
+    with pytest.raises(LoadTestError, match="(?s)exited with 1.*refused the connection"):
+        loadtest._run_guidellm(
+            "http://x", "m", tmp_path, PROFILE, tmp_path / "g.json", tmp_path / "g.log"
+        )
