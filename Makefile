@@ -122,9 +122,11 @@ status:
 # and fixtures in one process): most of the suite's time is vLLM starts (single-threaded
 # imports of three processes, ~25 s each) and waits on live windows and leases, which
 # overlap on two cores; 30.1 min in one process on an AVX-512 host, see README "Tests".
+# --no-loadscope-reorder: files in collection order, so the long end-to-end files start
+# first (xdist's default puts files with many tests first: the e2e ran last, on one worker).
 test: setup image
 	.venv/bin/ruff check .
-	$(PY) -m pytest -v -n 2 --dist loadfile --durations=30
+	$(PY) -m pytest -v -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -v -m "not slow"
