@@ -417,13 +417,25 @@ def test_eval_only_without_a_stable_release_fails_with_one_line(control, worker)
 
 
 def test_a_rollback_event_reaches_the_webhook_with_its_reason(control, receiver):
+    import threading
+
+    from prefect.events.worker import EventsWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     from tasks.notify import emit_rollback
 
-    emit_rollback("fp8-dynamic-abc", "TTFT p95 4.2 s over the 3 s ceiling")
-    from prefect.events.utilities import emit_event  # noqa: F401 - the worker flushes on exit
-    from prefect.events.worker import EventsWorker
+    def emit():
+        # A thread of its own starts with an empty context: only this server's settings,
+        # none of the run contexts that flows of earlier test modules in this pytest
+        # process may have left behind (their related resources would be looked up on
+        # this server, 404, and the events worker would drop the event).
+        with temporary_settings({PREFECT_API_URL: control["url"]}):
+            emit_rollback("fp8-dynamic-abc", "TTFT p95 4.2 s over the 3 s ceiling")
+            EventsWorker.drain_all()
 
-    EventsWorker.drain_all()
+    sender = threading.Thread(target=emit)
+    sender.start()
+    sender.join(60)
     posted = wait_for(lambda: [b for b in receiver[1] if b.get("kind") == "rollback"], 30)
     assert posted == [
         {
