@@ -89,10 +89,36 @@ def contains(doc: dict, answer: str) -> float:
     return float(str(doc.get("answer", "")).strip().casefold() in (answer or "").casefold())
 
 
+# An item's regex comes from an eval set's data: a pattern such as "(a|aa)+$" backtracks
+# for hours on a long answer, in Python's re and in the third-party regex engine alike
+# (already installed for transformers); regex stops a search after this many seconds.
+REGEX_TIMEOUT_S = 1.0
+
+
 def regex_match(doc: dict, answer: str) -> float:
     """The item's ``answer_regex`` (or its reference, read as a regex) matches the answer."""
+    import regex
+
+    from .errors import EvalError
+
     pattern = doc.get("answer_regex") or str(doc.get("answer", ""))
-    return float(re.search(pattern, answer or "", flags=re.IGNORECASE) is not None)
+    try:
+        found = regex.search(
+            pattern, answer or "", flags=regex.IGNORECASE | regex.V0, timeout=REGEX_TIMEOUT_S
+        )
+    except TimeoutError:
+        raise EvalError(
+            f"item {doc.get('id', '?')}: answer_regex {pattern[:80]!r} took over "
+            f"{REGEX_TIMEOUT_S:.0f} s on a {len(answer or '')}-character answer",
+            hint="rewrite it without repetition over overlapping choices (e.g. '(a|aa)+'), or score with "
+            "'contains' or 'exact_match'",
+        ) from None
+    except regex.error as exc:
+        raise EvalError(
+            f"item {doc.get('id', '?')}: answer_regex {pattern[:80]!r} is not a regex: {exc}",
+            hint="fix the pattern in the eval set's data.jsonl",
+        ) from None
+    return float(found is not None)
 
 
 @dataclass(frozen=True)

@@ -71,3 +71,24 @@ def test_unknown_metric_names_the_registered_ones():
 )
 def test_refusal_phrasings(answer):
     assert metrics.refusal({"passage": "Set the air pressure to 6 bar."}, answer) == 1.0
+
+
+def test_a_catastrophic_answer_regex_stops_with_a_one_line_fix():
+    import time
+
+    from llm_release.errors import EvalError
+
+    # Alternation under repetition: exponential backtracking in re and in regex alike
+    # (regex's own safeguards defuse the textbook "(a+)+$").
+    doc = {"id": "torque-7", "answer": "x", "answer_regex": "(a|aa)+$"}
+    started = time.monotonic()
+    with pytest.raises(EvalError, match=r"torque-7: answer_regex '\(a\|aa\)\+\$' took over 1 s"):
+        metrics.regex_match(doc, "a" * 60 + "!")
+    assert time.monotonic() - started < 10
+
+
+def test_an_answer_regex_that_does_not_compile_names_the_item():
+    from llm_release.errors import EvalError
+
+    with pytest.raises(EvalError, match="torque-8: answer_regex '\\(' is not a regex"):
+        metrics.regex_match({"id": "torque-8", "answer_regex": "("}, "anything")
