@@ -130,7 +130,7 @@ def _run_guidellm(
         except subprocess.TimeoutExpired as exc:
             raise LoadTestError(f"GuideLLM ran longer than {budget:.0f}s; see {log_path}") from exc
     if proc.returncode != 0 and NOTHING_MEASURED in log_path.read_text(errors="replace"):
-        # GuideLLM 0.6 closed a level before any request of it was recorded and then fails
+        # GuideLLM 0.8.1 closed a level before any request of it was recorded and then fails
         # compiling that level's metrics (seen at 2 requests a level with two test workers
         # sharing 2 cores): the same as a level closed early, so it is run again.
         log.warning("%s: GuideLLM recorded no request of a level (%s)", served_name, log_path)
