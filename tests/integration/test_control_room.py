@@ -262,6 +262,10 @@ def test_deploy_all_gives_every_action_a_typed_form(control, worker):
         defaults = dict(deployments[name].parameters["config"])
         assert defaults.pop("source")["repo_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
         assert defaults == demo, name
+    # The nightly schedule is deployed paused: nothing runs on a host until someone says so.
+    assert [(s.schedule.cron, s.active) for s in deployments["model-update"].schedules] == [
+        ("0 2 * * *", False)
+    ]
     gpu = ReleaseConfig.model_validate(deployments["release-gpu"].parameters["config"])
     assert not gpu.serving.enforce_eager and gpu.load.concurrencies == [10, 50, 100]
     for name, deployment in deployments.items():
