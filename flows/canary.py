@@ -79,6 +79,16 @@ class FlowActions:
         self.logger.info("canary %s now takes %d%% of requests", self.release_id, weight)
         self._record("analysing")
 
+    def warm_up(self, weight: int, seconds: float) -> None:
+        self.logger.info(
+            "canary %s warms up at %d%% for %.0f s before the first analysis window",
+            self.release_id,
+            weight,
+            seconds,
+        )
+        self._record("warming up")
+        time.sleep(seconds)
+
     def analyze(self, weight: int, index: int) -> WindowVerdict:
         verdict = analysis_window(self.config, self.service, self.slo, weight, index)
         self._record("analysing", WindowRecord(weight=weight, index=index, verdict=verdict))

@@ -528,6 +528,14 @@ class RolloutConfig(StrictModel):
         le=100,
         description="inconclusive windows within one step before a person is asked",
     )
+    warmup_s: float = Field(
+        30,
+        ge=0,
+        le=3600,
+        description="seconds the canary serves its first step's share before the first "
+        "analysis window: its cold start (a CPU build's first requests of each shape) is "
+        "not judged",
+    )
     approval: Literal["ask", "approve"] = Field(
         "ask",
         description="before the final step: ask a person in the Prefect UI, or approve "

@@ -53,7 +53,13 @@ class RolloutStatus(BaseModel):
     steps: list[int]
     weight: int
     state: Literal[
-        "analysing", "awaiting approval", "promoted", "rolled back", "held", "overridden"
+        "warming up",
+        "analysing",
+        "awaiting approval",
+        "promoted",
+        "rolled back",
+        "held",
+        "overridden",
     ]
     last_window: dict | None = Field(
         None, description="the last analysis window: weight, verdict, reason, ended_at"

@@ -25,6 +25,7 @@ ROLLOUT = {
     "windows_per_step": 1,
     "approval": "ask",
     "approval_timeout_s": 300,
+    "warmup_s": 5,  # exercised, kept short (the default, 30 s, is for the demo's bf16 CPU)
     "analysis": {
         "window_s": 20,
         "min_canary_requests": 5,

@@ -42,6 +42,9 @@ class Script:
     def set_weight(self, weight: int) -> None:
         self.log.append(("weight", weight))
 
+    def warm_up(self, weight: int, seconds: float) -> None:
+        self.log.append(("warm-up", weight, seconds))
+
     def analyze(self, weight: int, index: int) -> WindowVerdict:
         self.log.append(("window", weight, index))
         return verdict(self.verdicts.pop(0))
@@ -165,3 +168,17 @@ def test_evidence_lists_every_window_and_escapes_cells():
     records = [WindowRecord(weight=5, index=1, verdict=verdict("fail", "TTFT | 3x"))]
     text = evidence_markdown(records)
     assert "| 5% | 1 |" in text and "TTFT \\| 3x" in text
+
+
+def test_the_canary_warms_up_once_before_the_first_window_only():
+    script = Script(["pass"] * 6, answers=[True])
+    walk(config(warmup_s=45), "r1", script)
+    assert script.log[0] == ("warm-up", 5, 45)
+    assert [e for e in script.log if e[0] == "warm-up"] == [("warm-up", 5, 45)]
+    assert script.log[1] == ("window", 5, 1)
+
+
+def test_no_warm_up_when_it_is_zero():
+    script = Script(["pass"] * 6, answers=[True])
+    walk(config(warmup_s=0), "r1", script)
+    assert not any(e[0] == "warm-up" for e in script.log)
