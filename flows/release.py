@@ -4,6 +4,7 @@ challenger → select (a human reviews what a gate could not decide) → promote
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import time
 from datetime import UTC, datetime
@@ -278,7 +279,11 @@ def cli_config(description: str) -> CliRun:
         help="run through this Prefect deployment (FLOW/DEPLOYMENT, e.g. release/release) on "
         "a worker, as the UI does, and wait for it; default: run the flow in this process",
     )
-    parser.add_argument("--deployment-timeout-s", type=int, default=4 * 3600)
+    parser.add_argument(
+        "--deployment-timeout-s",
+        type=int,
+        default=CliRun.model_fields["deployment_timeout_s"].default,
+    )
     args = parser.parse_args()
     try:
         data = json.loads(args.config.read_text()) if args.config else {}
@@ -302,6 +307,8 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
     """Start ``name`` with ``config`` as the UI's run form does, wait for a worker to run it,
     and return its typed outcome (the flow's persisted result)."""
     from prefect.deployments import run_deployment
+    from prefect.exceptions import FlowRunWaitTimeout
+    from prefect.flow_runs import wait_for_flow_run
     from prefect.settings import PREFECT_UI_URL
 
     try:
@@ -318,12 +325,13 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
     ui = PREFECT_UI_URL.value()
     page = f"{ui}/runs/flow-run/{flow_run.id}" if ui else f"flow run {flow_run.id}"
     print(f"Prefect run {flow_run.name}: {page}", flush=True)
-    flow_run = run_deployment_wait(flow_run.id, timeout_s)
-    if not flow_run.state.is_final():
+    try:
+        flow_run = asyncio.run(wait_for_flow_run(flow_run.id, timeout=timeout_s))
+    except FlowRunWaitTimeout:
         raise ReleaseError(
-            f"run {flow_run.name} is still {flow_run.state.name} after {timeout_s} s",
+            f"run {flow_run.name} is not finished after {timeout_s} s",
             hint="is a worker running on pool 'llm-release'? ('make worker-up')",
-        )
+        ) from None
     if not flow_run.state.is_completed():
         raise ReleaseError(
             f"run {flow_run.name} ended {flow_run.state.name}: {flow_run.state.message or ''}",
@@ -336,19 +344,6 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
         # fields are under 'data', validated here as the type the caller expects.
         result = result["data"]
     return outcome_type.model_validate(result if isinstance(result, dict) else result.model_dump())
-
-
-def run_deployment_wait(flow_run_id, timeout_s: int, poll_s: float = 5.0):
-    """The flow run once it is final, or as it is after ``timeout_s``."""
-    from prefect.client.orchestration import get_client
-
-    deadline = time.monotonic() + timeout_s
-    with get_client(sync_client=True) as client:
-        while True:
-            flow_run = client.read_flow_run(flow_run_id)
-            if (flow_run.state and flow_run.state.is_final()) or time.monotonic() > deadline:
-                return flow_run
-            time.sleep(poll_s)
 
 
 def run_cli(flow_fn, run: CliRun, outcome_type) -> None:
