@@ -111,6 +111,15 @@ class ServingConfig(StrictModel):
     max_num_seqs: int = Field(16, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (GiB) on CPU")
+    cpu_threads_bind: str = Field(
+        "split",
+        pattern=r"^(split|auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$",
+        description="on a CPU host, the cores vLLM's OpenMP threads are bound to "
+        "(VLLM_CPU_OMP_THREADS_BIND). split: a canary gets the upper half of this process's "
+        "CPUs and every other server the lower half, so stable and canary never share a core "
+        "(vLLM's own auto binds every server to the same first cores); auto, nobind or a list "
+        "like 0-3,8 go to vLLM as they are",
+    )
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     dtype: Literal["fastest", "auto", "bfloat16", "float16", "float32"] = Field(

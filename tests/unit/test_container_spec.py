@@ -151,6 +151,27 @@ def test_a_cpu_host_gets_no_gpu_request_and_its_kv_space(tmp_path):
     assert "--tensor-parallel-size" not in spec["command"]  # defaults stay off the CLI
 
 
+def test_a_cpu_canary_container_binds_other_cores_than_the_stables(tmp_path):
+    serving = ServingConfig(backend="docker")
+    binds = {}
+    for role in ("stable", "canary"):
+        spec = container_spec(
+            image="llm-release/vllm-cpu:x",
+            model_dir=tmp_path,
+            served_names=["m"],
+            serving=serving,
+            port=40000,
+            owner=Owner(role=role),
+            gpu_ids=None,
+            gpu_host=False,
+            home=tmp_path,
+        )
+        binds[role] = {int(c) for c in spec["environment"]["VLLM_CPU_OMP_THREADS_BIND"].split(",")}
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert binds["stable"] and binds["canary"]
+        assert not binds["stable"] & binds["canary"]
+
+
 def test_parallel_settings_are_typed_and_checked():
     with pytest.raises(ValidationError, match="fewer than tensor_parallel_size"):
         ServingConfig(tensor_parallel_size=4, gpus=2)

@@ -1,8 +1,11 @@
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from llm_release.config import ServingConfig
 from llm_release.router import SlotTarget, render_config
-from llm_release.serve import build_command, likely_cause
+from llm_release.serve import build_command, cpu_threads_bind, likely_cause, server_env
 
 
 def test_operator_settings_reach_the_vllm_command():
@@ -53,3 +56,27 @@ def test_a_missing_kernel_is_named_even_far_above_the_log_tail():
     text = diagnose(log)
     assert "no kernel for this quantization scheme" in text and "cpu_gemm_wna16" in text
     assert diagnose("nothing useful") == "see the log tail below"
+
+
+def test_stable_and_canary_never_share_a_core():
+    serving = ServingConfig()
+    # 2 cores: the stable (and every candidate measured alone) keeps core 0, what vLLM's auto
+    # chose; the canary gets core 1 instead of sharing core 0.
+    assert cpu_threads_bind(serving, "stable", {0, 1}) == "0"
+    assert cpu_threads_bind(serving, "candidate", {0, 1}) == "0"
+    assert cpu_threads_bind(serving, "canary", {0, 1}) == "1"
+    # odd counts give the stable the larger half; gaps in the allowed set are kept
+    assert cpu_threads_bind(serving, "stable", {2, 3, 5, 7, 8}) == "2,3,5"
+    assert cpu_threads_bind(serving, "canary", {2, 3, 5, 7, 8}) == "7,8"
+    # one CPU: both get it (nothing to split)
+    assert cpu_threads_bind(serving, "canary", {4}) == "4"
+
+
+def test_an_explicit_binding_goes_to_vllm_as_written_and_junk_is_refused():
+    for value in ("auto", "nobind", "0-3,8"):
+        serving = ServingConfig(cpu_threads_bind=value)
+        assert cpu_threads_bind(serving, "canary", {0, 1}) == value
+        assert server_env(serving, "canary")["VLLM_CPU_OMP_THREADS_BIND"] == value
+    for junk in ("0;rm -rf /", "all", "1-"):
+        with pytest.raises(ValidationError):
+            ServingConfig(cpu_threads_bind=junk)
