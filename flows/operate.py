@@ -173,7 +173,7 @@ def eval_only(
                         "eval-only",
                         evaluation.eval_sets,
                         run_dir / "eval",
-                        num_concurrent=evaluation.num_concurrent,
+                        num_concurrent=evaluation.concurrency(server.serving),
                         limit=evaluation.limit,
                     )
         else:
@@ -192,7 +192,7 @@ def eval_only(
                     stable.public_name,
                     evaluation.eval_sets,
                     run_dir / "eval",
-                    num_concurrent=evaluation.num_concurrent,
+                    num_concurrent=evaluation.concurrency(None),
                     limit=evaluation.limit,
                 )
     except ReleaseError as exc:

@@ -73,7 +73,7 @@ def measure(
                     name,
                     evaluation.eval_sets,
                     out_dir / "eval",
-                    num_concurrent=evaluation.num_concurrent,
+                    num_concurrent=evaluation.concurrency(server.serving),
                     limit=evaluation.limit,
                 )
                 seconds["evaluate"] = time.monotonic() - mark

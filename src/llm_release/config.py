@@ -383,10 +383,33 @@ class TuneConfig(StrictModel):
         return None if value is None else sorted(set(value))
 
 
+LIVE_EVAL_CONCURRENCY = 4
+MAX_EVAL_CONCURRENCY = 64  # lm-eval opens a connection per request in flight
+
+
 class EvalConfig(StrictModel):
     eval_sets: list[str] = Field(default_factory=lambda: ["manufacturing_kb", "refusal_kb"])
-    num_concurrent: int = Field(4, ge=1)
+    num_concurrent: int | None = Field(
+        None,
+        ge=1,
+        description="requests lm-eval keeps in flight. Default: the candidate server's "
+        "max_num_seqs (at most 64), so the evaluation fills the batch the server was sized "
+        "for; 4 against the live stable release, which serves users",
+    )
     limit: int | None = Field(None, ge=1, description="evaluate only the first N items")
+
+    def concurrency(self, serving: ServingConfig | None) -> int:
+        """In-flight requests against a server with ``serving`` (None: the live stable).
+
+        Measured on the demo's FP8 candidate (vLLM CPU, max_num_seqs 8, AMD EPYC with
+        native bf16): 20 eval items took 74 s at 8 in flight against 112-120 s at 4, with
+        the same scores; on a CPU without FP8 matmul every forward pays the dequantisation
+        once, whatever the batch."""
+        if self.num_concurrent is not None:
+            return self.num_concurrent
+        if serving is None:
+            return LIVE_EVAL_CONCURRENCY
+        return min(serving.max_num_seqs, MAX_EVAL_CONCURRENCY)
 
     @field_validator("eval_sets")
     @classmethod

@@ -6,7 +6,13 @@ import pytest
 from pydantic import ValidationError
 
 from flows.release import release
-from llm_release.config import CandidateConfig, LoadProfile, ReleaseConfig, ServingConfig
+from llm_release.config import (
+    CandidateConfig,
+    EvalConfig,
+    LoadProfile,
+    ReleaseConfig,
+    ServingConfig,
+)
 
 
 def test_unknown_keys_are_rejected():
@@ -106,3 +112,12 @@ def test_serving_args_that_rebind_trust_code_or_swap_the_model_are_refused(args)
 def test_ordinary_serving_args_pass():
     args = ["--seed", "7", "--kv-cache-dtype", "fp8", "--max-model-len=512", "--no-such-vllm-flag"]
     assert ServingConfig(extra_args=args).extra_args == args
+
+
+def test_evaluation_fills_the_candidate_servers_batch_but_not_the_live_stables():
+    evaluation = EvalConfig()
+    assert evaluation.concurrency(ServingConfig(max_num_seqs=8)) == 8
+    assert evaluation.concurrency(ServingConfig(max_num_seqs=256)) == 64  # lm-eval's connections
+    assert evaluation.concurrency(None) == 4  # the live stable serves users meanwhile
+    assert EvalConfig(num_concurrent=2).concurrency(ServingConfig(max_num_seqs=8)) == 2
+    assert EvalConfig(num_concurrent=2).concurrency(None) == 2
