@@ -39,6 +39,9 @@ from .hardware import Hardware, compute_dtype
 log = logging.getLogger(__name__)
 
 RUNTIME_INFO_SCRIPT = Path(__file__).with_name("runtime_info.py")
+# Part of the cache key: rates measured the old way (two threads, one turn per dtype) flipped
+# to float32 on a busy host and are measured again.
+RATE_METHOD = "1-thread-interleaved"
 # bf16 is kept unless float32 multiplies this much faster: bf16 halves weights and KV cache.
 FLOAT32_MARGIN = 1.25
 # The matmul probe's shape is capped: the bf16/float32 ratio is what it measures, and on a
@@ -154,10 +157,8 @@ def runtime_info(
     python = python or paths.vllm_python()
     shape = [PROBE_TOKENS, min(width_in, MAX_PROBE_WIDTH), min(width_out, MAX_PROBE_WIDTH)]
     vllm_version, torch_version = _runtime_versions(python)
-    cache = (
-        paths.probes_dir()
-        / f"runtime-{_key(host.key(), str(python), vllm_version, torch_version, shape)[:16]}.json"
-    )
+    key = _key(host.key(), str(python), vllm_version, torch_version, shape, RATE_METHOD)
+    cache = paths.probes_dir() / f"runtime-{key[:16]}.json"
     cached = _read_cache(cache)
     if cached is not None:
         return RuntimeInfo.model_validate(cached)

@@ -22,6 +22,7 @@ def test_the_runtime_reports_its_versions_and_both_matmul_rates():
     assert info.vllm.startswith("0.") and info.torch.startswith("2.")
     assert info.shape == [256, 576, 1536]
     assert info.linear_gflops["bfloat16"] > 0 and info.linear_gflops["float32"] > 0
+    assert info.threads == 1  # per-core rates: one thread, see runtime_info.compare
     # Cached per host and runtime: the second call measures nothing.
     assert runtime_info(detect(), 576, 1536) == info
 
