@@ -195,7 +195,7 @@ def install_for_stable(
         service=service,
         release_id=release_id,
         ttft_p95_slo_s=analysis.ttft_p95_ceiling_s or ttft_p95_slo_s,
-        error_share_ceiling=analysis.error_share_ceiling,
+        error_share_ceiling=analysis.error_ceiling(),
         queue_ceiling=analysis.queue_ceiling,
         kv_cache_ceiling=analysis.kv_cache_ceiling,
     )

@@ -122,7 +122,7 @@ def check_specs(config: AnalysisConfig, slo_ttft_p95_s: float | None) -> list[Ch
     latency = {"compare": "ratio", "tolerance": config.latency_max_ratio, "unit": " s"}
     latency |= {"slack": config.latency_slack_s, "needs_requests": True}
     errors = {"compare": "difference", "tolerance": config.error_share_tolerance}
-    errors |= {"ceiling": config.error_share_ceiling}
+    errors |= {"ceiling": config.error_ceiling()}
     return [
         CheckSpec("ttft_p95_s", ceiling=ttft_ceiling, **latency),
         CheckSpec("itl_p95_s", ceiling=config.itl_p95_ceiling_s, **latency),

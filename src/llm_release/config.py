@@ -485,8 +485,12 @@ class AnalysisConfig(StrictModel):
     error_share_tolerance: float = Field(
         0.01, ge=0, le=1, description="the canary's error share may exceed the stable's by this"
     )
-    error_share_ceiling: float = Field(
-        0.01, ge=0, le=1, description="for HTTP errors and vLLM abort/error alike (as gates)"
+    error_share_ceiling: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="for HTTP errors and vLLM abort/error alike. None: the release's "
+        "gates.max_error_rate, so the canary is held to the ceiling its measurement passed",
     )
     queue_tolerance: float = Field(
         5, ge=0, description="requests waiting: the canary's max may exceed the stable's by this"
@@ -496,6 +500,13 @@ class AnalysisConfig(StrictModel):
         0.1, ge=0, le=1, description="KV-cache usage (0-1): canary max minus stable max"
     )
     kv_cache_ceiling: float = Field(0.95, ge=0, le=1, description="KV-cache usage (0-1), max")
+
+    def error_ceiling(self) -> float:
+        """The error-share ceiling in force: ReleaseConfig sets it from gates.max_error_rate;
+        a canary flow started without a release config holds the gates' default."""
+        if self.error_share_ceiling is None:
+            return Gates().max_error_rate
+        return self.error_share_ceiling
 
     @field_validator("prometheus_url")
     @classmethod
@@ -644,6 +655,13 @@ class ReleaseConfig(StrictModel):
         if not self.serving.allow_unsafe_serving_args:
             for c in self.candidates:
                 check_serving_args(c.extra_serving_args, f"candidates[{c.name}].extra_serving_args")
+        return self
+
+    @model_validator(mode="after")
+    def _canary_error_ceiling_from_gates(self) -> ReleaseConfig:
+        analysis = self.rollout.analysis
+        if analysis.error_share_ceiling is None:
+            analysis.error_share_ceiling = self.gates.max_error_rate
         return self
 
     @model_validator(mode="after")

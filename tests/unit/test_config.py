@@ -7,8 +7,10 @@ from pydantic import ValidationError
 
 from flows.release import release
 from llm_release.config import (
+    AnalysisConfig,
     CandidateConfig,
     EvalConfig,
+    Gates,
     LoadProfile,
     ReleaseConfig,
     ServingConfig,
@@ -121,3 +123,19 @@ def test_evaluation_fills_the_candidate_servers_batch_but_not_the_live_stables()
     assert evaluation.concurrency(None) == 4  # the live stable serves users meanwhile
     assert EvalConfig(num_concurrent=2).concurrency(ServingConfig(max_num_seqs=8)) == 2
     assert EvalConfig(num_concurrent=2).concurrency(None) == 2
+
+
+def test_the_canary_is_held_to_the_error_ceiling_its_measurement_passed():
+    config = ReleaseConfig.model_validate(
+        {"source": {"repo_id": "org/m"}, "gates": {"max_error_rate": 0.002}}
+    )
+    assert config.rollout.analysis.error_ceiling() == 0.002
+    explicit = ReleaseConfig.model_validate(
+        {
+            "source": {"repo_id": "org/m"},
+            "gates": {"max_error_rate": 0.002},
+            "rollout": {"analysis": {"error_share_ceiling": 0.05}},
+        }
+    )
+    assert explicit.rollout.analysis.error_ceiling() == 0.05
+    assert AnalysisConfig().error_ceiling() == Gates().max_error_rate  # no release config
