@@ -194,20 +194,30 @@ def receiver():
     server.shutdown()
 
 
-def test_setup_registers_blocks_and_notifications(control, receiver):
+def control_setup(control, webhook_url: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.control", "--webhook-url", webhook_url],
+        cwd=ROOT,
+        env=control["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def notifications(control, receiver):
+    """The blocks and the automations that post to the webhook receiver: what every test
+    of a notification needs, whichever of them runs first."""
+    control_setup(control, receiver[0])
+    return receiver
+
+
+def test_setup_registers_blocks_and_notifications(control, notifications):
     from prefect.client.orchestration import get_client
 
-    env = control["env"]
-    for _ in range(2):  # idempotent: a second setup changes nothing
-        proc = subprocess.run(
-            [sys.executable, "-m", "flows.control", "--webhook-url", receiver[0]],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr[-2000:]
+    control_setup(control, notifications[0])  # idempotent: a second setup changes nothing
     with get_client(sync_client=True) as client:
         assert client.read_block_type_by_slug("llm-release-hub-credentials")
         for name in ("llm-release: run failed", "llm-release: rollback"):
@@ -401,15 +411,15 @@ def test_eval_only_waits_for_the_slot_then_evaluates_the_stable_release(
     control["eval_run"], control["eval_home"] = flow_run.id, home
 
 
-def test_rollback_without_a_canary_fails_with_one_line(control, worker, receiver):
+def test_rollback_without_a_canary_fails_with_one_line(control, worker, notifications):
     flow_run, seconds = run("rollback/rollback", {"reason": "latency regression"})
     print(f"rollback (no canary) through the worker: {seconds:.1f}s")
     assert flow_run.state.is_failed(), flow_run.state
     message = flow_run.state.message
     assert "there is no canary to roll back" in message and "\n" not in message, message
     # The automation on failed runs posts to the webhook, with the run's message.
-    posted = wait_for(lambda: [b for b in receiver[1] if b.get("kind") == "run failed"], 30)
-    assert posted and posted[0]["flow"] == "rollback", receiver[1]
+    posted = wait_for(lambda: [b for b in notifications[1] if b.get("kind") == "run failed"], 30)
+    assert posted and posted[0]["flow"] == "rollback", notifications[1]
     assert "there is no canary to roll back" in posted[0]["message"]
 
 
@@ -420,7 +430,7 @@ def test_eval_only_without_a_stable_release_fails_with_one_line(control, worker)
     assert "\n" not in flow_run.state.message
 
 
-def test_a_rollback_event_reaches_the_webhook_with_its_reason(control, receiver):
+def test_a_rollback_event_reaches_the_webhook_with_its_reason(control, notifications):
     import threading
 
     from prefect.events.worker import EventsWorker
@@ -440,7 +450,7 @@ def test_a_rollback_event_reaches_the_webhook_with_its_reason(control, receiver)
     sender = threading.Thread(target=emit)
     sender.start()
     sender.join(60)
-    posted = wait_for(lambda: [b for b in receiver[1] if b.get("kind") == "rollback"], 30)
+    posted = wait_for(lambda: [b for b in notifications[1] if b.get("kind") == "rollback"], 30)
     assert posted == [
         {
             "kind": "rollback",
