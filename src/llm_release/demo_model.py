@@ -126,6 +126,62 @@ def build_tiny_model(
     return out_dir
 
 
+def build_tiny_moe_model(
+    out_dir: Path,
+    tokenizer_dir: Path,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    layers: int = 2,
+    experts: int = 4,
+) -> Path:
+    """A random-weight Qwen3-MoE (router gate + ``experts`` experts per layer, top-2) with a
+    real tokenizer; the experts' width is ``hidden_size // 2``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3MoeConfig
+
+    out_dir = Path(out_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    _finish_tokenizer(tokenizer)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        moe_intermediate_size=hidden_size // 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        num_experts=experts,
+        num_experts_per_tok=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    staging = out_dir.with_name(out_dir.name + ".tmp")
+    built = out_dir.with_name(out_dir.name + ".from-config")
+    for folder in (staging, built):
+        shutil.rmtree(folder, ignore_errors=True)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(built)
+    # A MoE built with from_config fails llm-compressor's expert linearization (design.md
+    # section 4): saved and loaded back, as a real checkpoint is loaded.
+    model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.bfloat16)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    _write_readme(staging, "Tiny random-weight Qwen3-MoE for tests.")
+    shutil.rmtree(built, ignore_errors=True)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return out_dir
+
+
 def _write_readme(directory: Path, text: str) -> None:
     (directory / "README.md").write_text(f"# {directory.name}\n\n{text}\n")
 

@@ -35,6 +35,7 @@ from .config import CandidateConfig, ServingConfig
 from .errors import ReleaseError, ServeError
 from .fileio import atomic_write_json
 from .hardware import Hardware, compute_dtype
+from .recipes import plan_from_config
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ PROBE_TOKENS = 256
 # only these make a scheme "unsupported" (cached). Anything else is "unknown" (not cached).
 UNSUPPORTED = re.compile(
     r"has no attribute '(?P<op>\w+)'|NotImplementedError|not supported|[Uu]nsupported"
+    # vLLM 0.32 CPU on a W4A16 MoE: "No WNA16 MoE backend supports the deployment configuration"
+    r"|No [\w ]+ backend supports"
 )
 
 
@@ -198,10 +201,14 @@ def probe_scheme(
     *,
     startup_timeout_s: float = 600,
     where: ServingConfig | None = None,
+    family: str = "dense",
 ) -> SchemeSupport:
     """Quantize a tiny model with the candidate's recipe and have the runtime answer with it
-    (in the backend and image of ``where``, the release's serving settings)."""
-    from .demo_model import build_tiny_model
+    (in the backend and image of ``where``, the release's serving settings). ``family``
+    ("dense" or "moe", from the release's model config): the tiny model has the model's
+    kind of MLP, since a runtime may serve a scheme for dense layers and not for experts
+    (vLLM CPU 0.32 serves FP8 and W4A16 Llamas, and neither for a Qwen3-MoE)."""
+    from .demo_model import build_tiny_model, build_tiny_moe_model
     from .quantize import quantize
     from .serve import Owner, diagnose, make_server
 
@@ -224,6 +231,7 @@ def probe_scheme(
         version("llmcompressor"),
         version("compressed-tensors"),
         *([backend] if backend["backend"] != "process" else []),
+        *([family] if family != "dense" else []),
     )[:16]
     cache = paths.probes_dir() / f"scheme-{key}.json"
     cached = _read_cache(cache)
@@ -245,7 +253,8 @@ def probe_scheme(
     shutil.rmtree(workdir, ignore_errors=True)
     what = f"vLLM {runtime.vllm} on {host.cpu.describe() if not host.cuda else host.describe()}"
     try:
-        tiny = build_tiny_model(workdir / "model", tokenizer_dir, hidden_size=256)
+        build = build_tiny_moe_model if family == "moe" else build_tiny_model
+        tiny = build(workdir / "model", tokenizer_dir, hidden_size=256)
         probe = candidate.model_copy(
             update={
                 "name": "probe",
@@ -336,9 +345,12 @@ def plan_serving(
         calibration_dtype="float32" if compute_dtype(host) == "float32" else "checkpoint's own",
     )
     if probe:
+        family = "moe" if plan_from_config(config).moe else "dense"
         for candidate in candidates:
             plan.schemes.append(
-                probe_scheme(candidate, served, Path(model_dir), host, runtime, where=serving)
+                probe_scheme(
+                    candidate, served, Path(model_dir), host, runtime, where=serving, family=family
+                )
             )
     return plan
 

@@ -37,6 +37,13 @@ LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
         "this vLLM build has no kernel for this quantization scheme on this processor",
     ),
     (
+        # vLLM CPU 0.32 on a quantized Qwen3-MoE: "Unsupported FP8 MoE backend: NONE", "No
+        # WNA16 MoE backend supports the deployment configuration".
+        # (the backend's name, not the "{fp8_backend.value}" of the traceback's source line)
+        re.compile(r"Unsupported \w+ MoE backend: [A-Z_]+|No [\w ]+ MoE backend supports[^\n]*"),
+        "this vLLM build has no mixture-of-experts kernel for this quantization scheme here",
+    ),
+    (
         re.compile(r"(?i)out of memory|CUDA error: out of memory|Cannot allocate memory"),
         "out of memory: lower max-model-len / max-num-seqs, or the KV-cache size",
     ),

@@ -16,6 +16,7 @@ import pytest
 from safetensors import safe_open
 
 from llm_release.config import CandidateConfig
+from llm_release.demo_model import build_tiny_moe_model
 from llm_release.quantize import MODEL_FREE, quantize
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -23,36 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def tiny_moe_dir(tmp_path_factory, tokenizer_dir):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    built = tmp_path_factory.mktemp("moe") / "built"
-    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(built)
-    # A MoE built with from_config fails llm-compressor's expert linearization (design.md
-    # section 4): saved and loaded back, as a real checkpoint is loaded.
-    model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.bfloat16)
-    out = built.with_name("tiny-moe")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return build_tiny_moe_model(tmp_path_factory.mktemp("moe") / "tiny-moe", tokenizer_dir)
 
 
 def tensors(model_dir) -> dict[str, str]:

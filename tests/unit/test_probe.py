@@ -54,3 +54,12 @@ def test_only_an_unsupported_scheme_is_skipped():
     assert plan.skip_reason("a") == "a why"
     assert plan.skip_reason("b") is None, "a probe that could not decide must not skip"
     assert plan.skip_reason("c") is None and plan.skip_reason("zzz") is None
+
+
+def test_a_missing_moe_kernel_counts_as_unsupported():
+    from llm_release.probe import UNSUPPORTED
+
+    # vLLM CPU 0.32's own words on a quantized Qwen3-MoE (2026-11-30)
+    assert UNSUPPORTED.search("ValueError: Unsupported FP8 MoE backend: NONE")
+    assert UNSUPPORTED.search("No WNA16 MoE backend supports the deployment configuration.")
+    assert not UNSUPPORTED.search("ValueError: max_model_len is larger than the KV cache")

@@ -5,7 +5,13 @@ from pydantic import ValidationError
 
 from llm_release.config import ServingConfig
 from llm_release.router import SlotTarget, render_config
-from llm_release.serve import build_command, cpu_threads_bind, likely_cause, server_env
+from llm_release.serve import (
+    build_command,
+    cpu_threads_bind,
+    diagnose,
+    likely_cause,
+    server_env,
+)
 
 
 def test_operator_settings_reach_the_vllm_command():
@@ -30,6 +36,15 @@ def test_likely_cause_reads_the_log():
     assert "bad vLLM arguments" in likely_cause("api_server.py: error: unrecognized arguments: --x")
     assert "out of memory" in likely_cause("torch.OutOfMemoryError: CUDA out of memory")
     assert likely_cause("something else") == "see the log tail below"
+    # vLLM CPU 0.32's own words on a quantized Qwen3-MoE (2026-11-30)
+    for line in (
+        "ValueError: Unsupported FP8 MoE backend: NONE",
+        "ValueError: No WNA16 MoE backend supports the deployment configuration.",
+    ):
+        assert "no mixture-of-experts kernel" in likely_cause(f"INFO ...\n{line}\n")
+    traceback = '    raise ValueError(f"Unsupported FP8 MoE backend: {fp8_backend.value}")\n'
+    found = diagnose(traceback + "ValueError: Unsupported FP8 MoE backend: NONE\n")
+    assert "backend: NONE" in found, found  # vLLM's message, not the traceback's source line
 
 
 def test_router_config_parks_an_empty_canary_slot():
