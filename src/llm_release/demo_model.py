@@ -85,16 +85,41 @@ def convert_smollm2(out_dir: Path, *, max_shard_size: str = "100MB") -> Path:
     return out_dir
 
 
+def _tiny_tokenizer(tokenizer_dir: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    _finish_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _save_tiny(model, tokenizer, out_dir: Path, what: str, **save_kwargs) -> Path:
+    """Generation defaults from the tokenizer, then stage-then-rename into ``out_dir``."""
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(
+        bos_token_id=model.config.bos_token_id,
+        eos_token_id=model.config.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    staging = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, **save_kwargs)
+    tokenizer.save_pretrained(staging)
+    _write_readme(staging, f"Tiny random-weight {what} for tests.")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return out_dir
+
+
 def build_tiny_model(
     out_dir: Path, tokenizer_dir: Path, *, seed: int = 0, hidden_size: int = 128, layers: int = 2
 ) -> Path:
     """A random-weight Llama with a real tokenizer; widths divide the W4A16 group size."""
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    out_dir = Path(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    _finish_tokenizer(tokenizer)
+    tokenizer = _tiny_tokenizer(tokenizer_dir)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -110,20 +135,8 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.bfloat16)
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    staging = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(staging, ignore_errors=True)
     # Small shards so the tiny model exercises the multi-shard path like a real one.
-    model.save_pretrained(staging, max_shard_size="10MB")
-    tokenizer.save_pretrained(staging)
-    _write_readme(staging, "Tiny random-weight Llama for tests.")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
-    return out_dir
+    return _save_tiny(model, tokenizer, Path(out_dir), "Llama", max_shard_size="10MB")
 
 
 def build_tiny_moe_model(
@@ -138,11 +151,10 @@ def build_tiny_moe_model(
     """A random-weight Qwen3-MoE (router gate + ``experts`` experts per layer, top-2) with a
     real tokenizer; the experts' width is ``hidden_size // 2``."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, Qwen3MoeConfig
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
     out_dir = Path(out_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    _finish_tokenizer(tokenizer)
+    tokenizer = _tiny_tokenizer(tokenizer_dir)
     config = Qwen3MoeConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -160,26 +172,14 @@ def build_tiny_moe_model(
         eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(seed)
-    staging = out_dir.with_name(out_dir.name + ".tmp")
     built = out_dir.with_name(out_dir.name + ".from-config")
-    for folder in (staging, built):
-        shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(built, ignore_errors=True)
     AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(built)
     # A MoE built with from_config fails llm-compressor's expert linearization (design.md
     # section 4): saved and loaded back, as a real checkpoint is loaded.
     model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.bfloat16)
-    model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    _write_readme(staging, "Tiny random-weight Qwen3-MoE for tests.")
     shutil.rmtree(built, ignore_errors=True)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
-    return out_dir
+    return _save_tiny(model, tokenizer, out_dir, "Qwen3-MoE")
 
 
 def _write_readme(directory: Path, text: str) -> None:

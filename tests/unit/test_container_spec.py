@@ -132,19 +132,22 @@ def test_ipc_host_replaces_the_sized_shm_and_all_gpus_is_count_minus_one(tmp_pat
     assert host["DeviceRequests"][0]["Count"] == -1
 
 
-def test_a_cpu_host_gets_no_gpu_request_and_its_kv_space(tmp_path):
-    serving = ServingConfig(backend="docker", cpu_kvcache_space_gib=3)
-    spec = container_spec(
+def cpu_spec(serving: ServingConfig, home: Path, owner: Owner | None = None) -> dict:
+    return container_spec(
         image="llm-release/vllm-cpu:x",
-        model_dir=tmp_path,
+        model_dir=home,
         served_names=["m"],
         serving=serving,
         port=40000,
-        owner=Owner(),
+        owner=owner or Owner(),
         gpu_ids=None,
         gpu_host=False,
-        home=tmp_path,
+        home=home,
     )
+
+
+def test_a_cpu_host_gets_no_gpu_request_and_its_kv_space(tmp_path):
+    spec = cpu_spec(ServingConfig(backend="docker", cpu_kvcache_space_gib=3), tmp_path)
     assert "device_requests" not in spec
     assert spec["environment"]["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert "--gpu-memory-utilization" not in spec["command"]
@@ -155,17 +158,7 @@ def test_a_cpu_canary_container_binds_other_cores_than_the_stables(tmp_path):
     serving = ServingConfig(backend="docker")
     binds = {}
     for role in ("stable", "canary"):
-        spec = container_spec(
-            image="llm-release/vllm-cpu:x",
-            model_dir=tmp_path,
-            served_names=["m"],
-            serving=serving,
-            port=40000,
-            owner=Owner(role=role),
-            gpu_ids=None,
-            gpu_host=False,
-            home=tmp_path,
-        )
+        spec = cpu_spec(serving, tmp_path, Owner(role=role))
         binds[role] = {int(c) for c in spec["environment"]["VLLM_CPU_OMP_THREADS_BIND"].split(",")}
     if len(os.sched_getaffinity(0)) >= 2:
         assert binds["stable"] and binds["canary"]
