@@ -7,6 +7,16 @@ from pathlib import Path
 TINY_REPO = "tests/tiny-llama"
 
 
+def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM a process group a test started, SIGKILL it after ``grace_s``: a Prefect worker
+    that gets SIGTERM while a flow run is ending can outlive any grace period (CI,
+    2026-12-01), and a teardown must not fail on that."""
+    from llm_release.serve import stop_process_group
+
+    stop_process_group(proc.pid, grace_s=grace_s)
+    proc.wait(10)
+
+
 def vllm_processes(
     marker: str = "vllm.entrypoints.openai.api_server", under: Path | None = None
 ) -> list[str]:
@@ -67,7 +77,6 @@ def prefect_server_with_ui(base: Path):
     turns the UI off), this process's client pointed at it while the context is open."""
     import contextlib
     import os
-    import signal
     import sys
 
     import requests
@@ -120,8 +129,7 @@ def prefect_server_with_ui(base: Path):
                 else:
                     os.environ["PREFECT_API_URL"] = previous
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
+            stop_group(proc)
 
     return server()
 

@@ -22,6 +22,7 @@ import requests
 
 from llm_release.hub_server import HubServer, publish_repo
 from llm_release.serve import free_port
+from tests.helpers import stop_group
 
 pytestmark = [pytest.mark.integration]
 
@@ -117,8 +118,7 @@ def control(tmp_path_factory):
     finally:
         for close in control_cleanup:
             close()
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(30)
+        stop_group(server)
 
 
 def _healthy(url: str) -> bool:
@@ -243,8 +243,7 @@ def worker(control):
         start_new_session=True,
     )
     yield proc
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(30)
+    stop_group(proc)
 
 
 def test_deploy_all_gives_every_action_a_typed_form(control, worker):
