@@ -201,7 +201,7 @@ def probe_scheme(
     *,
     startup_timeout_s: float = 600,
     where: ServingConfig | None = None,
-    family: str = "dense",
+    family: Literal["dense", "moe"] = "dense",
 ) -> SchemeSupport:
     """Quantize a tiny model with the candidate's recipe and have the runtime answer with it
     (in the backend and image of ``where``, the release's serving settings). ``family``

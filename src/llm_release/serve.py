@@ -182,10 +182,17 @@ def cpu_threads_bind(serving: ServingConfig, role: str, allowed: set[int] | None
     return ",".join(str(c) for c in chosen)
 
 
+def cpu_env(serving: ServingConfig, role: str) -> dict[str, str]:
+    """vLLM CPU's own settings for a server of ``role`` (both backends; ignored on a GPU)."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(serving.cpu_kvcache_space_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_threads_bind(serving, role),
+    }
+
+
 def server_env(serving: ServingConfig, role: str = "candidate") -> dict[str, str]:
     env = child_env()  # the pipeline's secrets have no business in a model server
-    env["VLLM_CPU_KVCACHE_SPACE"] = str(serving.cpu_kvcache_space_gib)
-    env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(serving, role)
+    env |= cpu_env(serving, role)
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env["HF_HUB_OFFLINE"] = "1"

@@ -27,7 +27,7 @@ from .. import gpus, paths, processes
 from ..config import ServingConfig
 from ..errors import ServeError
 from ..registry import Release
-from ..serve import VLLM_MODULE, Endpoint, Owner, Server, cpu_threads_bind, has_cuda, vllm_args
+from ..serve import VLLM_MODULE, Endpoint, Owner, Server, cpu_env, has_cuda, vllm_args
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +146,8 @@ def container_spec(
         "DO_NOT_TRACK": "1",
     }
     if not gpu_host:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(serving.cpu_kvcache_space_gib)
         # CPU ids as this host numbers them: the container shares the host's CPUs (no cpuset)
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_threads_bind(serving, owner.role)
+        env |= cpu_env(serving, owner.role)
     spec: dict[str, Any] = {
         "image": image,
         "name": container_name(owner, port, home_path),
