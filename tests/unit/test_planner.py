@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_release.errors import AcquireError
+from llm_release.errors import AcquireError, ConfigError
 from llm_release.hub_headers import parse_header, read_local
 from llm_release.planner import (
     GiB,
@@ -448,3 +448,20 @@ def test_a_plan_that_does_not_fit_says_which_length_would():
         request.model_copy(update={"max_model_len": length + 1}),
     )
     assert at.fits and not over.fits
+
+
+@pytest.mark.parametrize("experts", ["lots", [8], -1, True])
+def test_a_hostile_expert_count_is_refused_before_the_probe_reads_it(experts):
+    # The probe picks its tiny model's kind from num_experts; the plan stage, which runs
+    # first, refuses a value that is not a count with a one-line fix.
+    config = {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 100,
+        "num_experts": experts,
+    }
+    with pytest.raises(ConfigError, match="num_experts"):
+        parse_config(config)
