@@ -17,6 +17,12 @@ belong to that step alone) and prints one JSON line:
              model and one output at a time).
     compare  the capped and uncapped outputs: FP8 tensors equal; AWQ int4 codes equal
              fraction and largest relative scale difference.
+    copies   host<->GPU copy rates of one decoder layer's weights held three ways in host
+             memory: a private file mapping (what transformers' default loader leaves), read
+             into anonymous memory, and pinned. Explains the sequential path's write-back.
+
+    run --trace-offload also sums the time and bytes of compressed-tensors' CPU offload
+    cache (onload: host to GPU; update_offload: the write-back of changed weights).
 
     python scripts/gpu_quantize_scale.py STEP --work DIR --tokenizer DIR [--out FILE]
 """
@@ -250,6 +256,152 @@ def _fingerprint(model_dir: Path, scheme: str, keep: Path) -> dict:
     return hashes
 
 
+def copies(args) -> None:
+    """GB/s of host->GPU and GPU->host copies of one decoder layer's weights (its shard of the
+    gen model), with the host copy in a private file mapping, anonymous memory, or pinned."""
+    import mmap
+
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load as load_bytes
+
+    model_dir = args.work / "big"
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    shard = model_dir / index["weight_map"]["model.layers.0.mlp.up_proj.weight"]
+    with safe_open(shard, "pt") as f:
+        keys = [k for k in f.keys() if k.endswith("proj.weight")]
+    with open(shard, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        header = json.loads(fh.read(size))
+    base = 8 + size
+
+    def sync_time(fn) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    def mapped() -> dict:
+        # As transformers' mmap loader: a private (copy-on-write), writable file mapping.
+        fh = open(shard, "rb")
+        mm = mmap.mmap(
+            fh.fileno(), 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE
+        )
+        out = {}
+        for k in keys:
+            start, end = header[k]["data_offsets"]
+            t = torch.frombuffer(
+                mm, dtype=torch.bfloat16, count=(end - start) // 2, offset=base + start
+            )
+            out[k] = t.view(header[k]["shape"])
+        return out
+
+    started = time.perf_counter()
+    ways = {"private file mapping": mapped()}
+    setup = {"private file mapping": time.perf_counter() - started}
+    started = time.perf_counter()
+    ways["anonymous (read)"] = {
+        k: v for k, v in load_bytes(shard.read_bytes()).items() if k in keys
+    }
+    setup["anonymous (read)"] = time.perf_counter() - started
+    started = time.perf_counter()
+    ways["pinned"] = {k: v.pin_memory() for k, v in ways["anonymous (read)"].items()}
+    setup["pinned"] = time.perf_counter() - started
+    nbytes = sum(v.numel() * v.element_size() for v in ways["pinned"].values())
+    on_gpu = {k: v.to("cuda") for k, v in ways["pinned"].items()}
+    for name, host in ways.items():
+        h2d = sync_time(lambda host=host: [host[k].to("cuda") for k in keys])
+        d2h_first = sync_time(lambda host=host: [host[k].copy_(on_gpu[k]) for k in keys])
+        d2h_again = sync_time(lambda host=host: [host[k].copy_(on_gpu[k]) for k in keys])
+        emit(
+            args,
+            {
+                "step": "copies",
+                "host_memory": name,
+                "bytes": nbytes,
+                "setup_s": round(setup[name], 3),
+                "h2d_gb_s": round(nbytes / h2d / 1e9, 2),
+                "d2h_first_write_gb_s": round(nbytes / d2h_first / 1e9, 2),
+                "d2h_again_gb_s": round(nbytes / d2h_again / 1e9, 2),
+            },
+        )
+
+
+def _trace_offload(no_pin: bool = False) -> dict:
+    """Wrap compressed-tensors' CPU offload cache: seconds and bytes each way, the write-back
+    split into waiting for the GPU (a synchronize first) and the copy itself, and the kinds
+    of host memory written to (pinned or not, dtypes)."""
+    import torch
+    from compressed_tensors.offload.cache.cpu import CPUCache
+
+    totals = {
+        "onload_s": 0.0,
+        "onload_bytes": 0,
+        "onload_calls": 0,
+        "onload_pinned_bytes": 0,
+        "write_back_s": 0.0,
+        "write_back_sync_wait_s": 0.0,
+        "write_back_bytes": 0,
+        "write_back_calls": 0,
+        "write_back_pinned_bytes": 0,
+        "write_back_kinds": {},
+        "write_back_slowest": [],
+    }
+    onload, update = CPUCache.onload, CPUCache.update_offload
+
+    def traced_onload(self, offloaded):
+        t = time.perf_counter()
+        out = onload(self, offloaded)
+        totals["onload_s"] += time.perf_counter() - t
+        if offloaded is not None:
+            n = offloaded.numel() * offloaded.element_size()
+            totals["onload_bytes"] += n
+            totals["onload_calls"] += 1
+            totals["onload_pinned_bytes"] += n if offloaded.is_pinned() else 0
+        return out
+
+    def traced_update(self, offloaded, data):
+        t0 = time.perf_counter()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        update(self, offloaded, data)
+        t2 = time.perf_counter()
+        totals["write_back_sync_wait_s"] += t1 - t0
+        totals["write_back_s"] += t2 - t1
+        if data is not None:
+            n = data.numel() * data.element_size()
+            totals["write_back_bytes"] += n
+            totals["write_back_calls"] += 1
+            totals["write_back_pinned_bytes"] += n if offloaded.is_pinned() else 0
+            kind = (
+                f"{data.device.type}:{data.dtype}->{offloaded.device.type}:{offloaded.dtype}"
+                f"{' contiguous' if offloaded.is_contiguous() else ' strided'}"
+            )
+            k = totals["write_back_kinds"].setdefault(kind, [0, 0, 0.0])
+            k[0], k[1], k[2] = k[0] + 1, k[1] + n, round(k[2] + t2 - t1, 3)
+            slow = totals["write_back_slowest"]
+            slow.append([round(t2 - t1, 3), list(data.shape)])
+            slow.sort(reverse=True)
+            del slow[5:]
+
+    CPUCache.onload, CPUCache.update_offload = traced_onload, traced_update
+
+    from llm_release import quantize
+
+    pin = quantize.pin_host_copy
+
+    def traced_pin(model, **kwargs):
+        t = time.perf_counter()
+        totals["pinned"] = False if no_pin else pin(model, **kwargs)
+        totals["pin_s"] = time.perf_counter() - t
+        return totals["pinned"]
+
+    quantize.pin_host_copy = traced_pin
+    return totals
+
+
 def run(args) -> None:
     import torch
 
@@ -272,7 +424,8 @@ def run(args) -> None:
             num_calibration_samples=args.samples,
             max_seq_length=args.seq,
         )
-    label = f"{candidate.name}-{'capped' if args.cap else 'uncapped'}"
+    label = f"{candidate.name}-{'capped' if args.cap else 'uncapped'}{'-unpinned' if args.no_pin else ''}"
+    traced = _trace_offload(args.no_pin) if args.trace_offload else None
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     result = quantize(model_dir, candidate, args.work / "candidates")
@@ -307,8 +460,13 @@ def run(args) -> None:
             if candidate.scheme == "FP8_DYNAMIC"
             else f"{args.samples} x {args.seq} tokens",
             "fingerprint_s": round(time.monotonic() - fp_started, 1),
-        },
+        }
+        | ({"offload_trace": _rounded(traced)} if traced else {}),
     )
+
+
+def _rounded(trace: dict) -> dict:
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in trace.items()}
 
 
 def compare(args) -> None:
@@ -355,7 +513,7 @@ def compare(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("step", choices=["moe", "gen", "run", "compare"])
+    parser.add_argument("step", choices=["moe", "gen", "run", "compare", "copies"])
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--out", type=Path)
@@ -365,10 +523,15 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--small", action="store_true", help="tiny shapes, for a CPU check")
+    parser.add_argument("--trace-offload", action="store_true", help="time the CPU offload cache")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="with --trace-offload: leave the host copy pageable"
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("LLM_RELEASE_HOME", str(args.work / "home"))
-    {"moe": moe, "gen": gen, "run": run, "compare": compare}[args.step](args)
+    steps = {"moe": moe, "gen": gen, "run": run, "compare": compare, "copies": copies}
+    steps[args.step](args)
 
 
 if __name__ == "__main__":
