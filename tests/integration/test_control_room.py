@@ -170,9 +170,10 @@ def test_two_runs_share_one_host_slot(control):
     assert active_slots() == 0
 
 
-def test_killed_run_holds_its_slot_until_the_lease_expires(control):
-    """SIGKILL while a step holds the slot: no `finally` runs, the slot stays taken; the
-    last test of this module checks the lease's expiry frees it."""
+@pytest.fixture(scope="module")
+def killed_slot(control) -> dict:
+    """A run SIGKILLed while a step holds the slot: no `finally` runs. Its lease (LEASE_S)
+    starts at the kill; the slot count is read right after it."""
     proc = holder(control, "killed", 600)
     line = proc.stdout.readline()
     while line and not line.startswith("TAKEN"):
@@ -180,8 +181,11 @@ def test_killed_run_holds_its_slot_until_the_lease_expires(control):
     assert line.startswith("TAKEN"), "the holder never took the slot"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(10)
-    control["killed_wall"] = time.time()
-    assert active_slots() == 1
+    return {"wall": time.time(), "active_after_kill": active_slots()}
+
+
+def test_killed_run_holds_its_slot_until_the_lease_expires(killed_slot):
+    assert killed_slot["active_after_kill"] == 1
 
 
 @pytest.fixture(scope="module")
@@ -194,9 +198,11 @@ def receiver():
     server.shutdown()
 
 
-def control_setup(control, webhook_url: str) -> None:
+def python_ok(control, *args: str) -> None:
+    """Run ``python ARGS`` from the repository with the control room's environment; it must
+    succeed within two minutes."""
     proc = subprocess.run(
-        [sys.executable, "-m", "flows.control", "--webhook-url", webhook_url],
+        [sys.executable, *args],
         cwd=ROOT,
         env=control["env"],
         capture_output=True,
@@ -204,6 +210,10 @@ def control_setup(control, webhook_url: str) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def control_setup(control, webhook_url: str) -> None:
+    python_ok(control, "-m", "flows.control", "--webhook-url", webhook_url)
 
 
 @pytest.fixture(scope="module")
@@ -246,7 +256,10 @@ def worker(control):
     stop_group(proc)
 
 
-def test_deploy_all_gives_every_action_a_typed_form(control, worker):
+@pytest.fixture(scope="module")
+def deployed(control, worker) -> dict:
+    """`prefect deploy --all` from prefect.yaml, as an operator runs it, with a worker polling
+    the pool: every deployment by name."""
     from prefect.client.orchestration import get_client
 
     started = time.monotonic()
@@ -261,7 +274,11 @@ def test_deploy_all_gives_every_action_a_typed_form(control, worker):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print(f"prefect deploy --all: {time.monotonic() - started:.1f}s")
     with get_client(sync_client=True) as client:
-        deployments = {d.name: d for d in client.read_deployments()}
+        return {d.name: d for d in client.read_deployments()}
+
+
+def test_deploy_all_gives_every_action_a_typed_form(deployed):
+    deployments = deployed
     assert set(deployments) == DEPLOYMENTS
     # The forms' defaults are the named profiles: on this CPU host, the demo's settings.
     from llm_release.config import ReleaseConfig
@@ -320,7 +337,9 @@ def run(name: str, parameters: dict, timeout_s: float = 120):
     return flow_run, (flow_run.end_time - flow_run.created).total_seconds()
 
 
-def test_model_update_of_a_released_commit_ends_in_seconds(control, worker, tmp_path, monkeypatch):
+def test_model_update_of_a_released_commit_ends_in_seconds(
+    control, deployed, tmp_path, monkeypatch
+):
     from llm_release import registry
     from llm_release.config import ServingConfig
 
@@ -367,24 +386,22 @@ def test_model_update_of_a_released_commit_ends_in_seconds(control, worker, tmp_
     assert (outcome.status, outcome.commit) == ("up-to-date", commit), outcome
 
 
-def test_eval_only_waits_for_the_slot_then_evaluates_the_stable_release(
-    control, worker, tmp_path_factory, monkeypatch
-):
-    """Started from the deployment while the killed run's slot is still leased, `eval-only`
-    waits for the slot and then evaluates the stable release's server (an OpenAI-compatible
-    fake: the flow's plumbing is under test; lm-eval's scoring has its own tests). Runs
-    while the other tests do: its wait is the lease's."""
+@pytest.fixture(scope="module")
+def waiting_eval(control, deployed, killed_slot) -> dict:
+    """`eval-only` started from the deployment while the killed run's slot is still leased:
+    it waits for the slot, then evaluates the stable release's server (an OpenAI-compatible
+    fake: the flow's plumbing is under test; lm-eval's scoring has its own tests). Started
+    early in the module so that its wait, the lease's, runs while the other tests do."""
     from prefect.deployments import run_deployment
 
     from llm_release import processes, registry
     from llm_release.config import ServingConfig
     from tests.fake_openai import FakeServer
 
-    assert active_slots() == 1, "submitted after the kill, before the lease expires"
+    active_at_submit = active_slots()
     home = Path(tempfile.mkdtemp(prefix="llmr-eval-", dir="/tmp"))
     server = FakeServer("stable-eval-1", 0, home)
     control["cleanup"].append(server.close)
-    monkeypatch.setenv("LLM_RELEASE_HOME", str(home))
     stable = registry.Release(
         release_id="stable-eval-1",
         candidate="baseline",
@@ -399,7 +416,9 @@ def test_eval_only_waits_for_the_slot_then_evaluates_the_stable_release(
         log_path="/dev/null",
         serving=ServingConfig(),
     )
-    registry.save(registry.RegistryState(stable=stable))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLM_RELEASE_HOME", str(home))
+        registry.save(registry.RegistryState(stable=stable))
     # A run's own settings, as the UI's custom run sets them: this run's home.
     flow_run = run_deployment(
         name="eval-only/eval-only",
@@ -407,10 +426,14 @@ def test_eval_only_waits_for_the_slot_then_evaluates_the_stable_release(
         job_variables={"env": control["env"] | {"LLM_RELEASE_HOME": str(home)}},
         timeout=0,
     )
-    control["eval_run"], control["eval_home"] = flow_run.id, home
+    return {"run": flow_run.id, "home": home, "active_at_submit": active_at_submit}
 
 
-def test_rollback_without_a_canary_fails_with_one_line(control, worker, notifications):
+def test_eval_only_is_submitted_while_the_killed_runs_lease_holds_the_slot(waiting_eval):
+    assert waiting_eval["active_at_submit"] == 1, "submitted before the lease expired"
+
+
+def test_rollback_without_a_canary_fails_with_one_line(control, deployed, notifications):
     flow_run, seconds = run("rollback/rollback", {"reason": "latency regression"})
     print(f"rollback (no canary) through the worker: {seconds:.1f}s")
     assert flow_run.state.is_failed(), flow_run.state
@@ -422,7 +445,7 @@ def test_rollback_without_a_canary_fails_with_one_line(control, worker, notifica
     assert "there is no canary to roll back" in posted[0]["message"]
 
 
-def test_eval_only_without_a_stable_release_fails_with_one_line(control, worker):
+def test_eval_only_without_a_stable_release_fails_with_one_line(control, deployed):
     flow_run, _ = run("eval-only/eval-only", {"evaluation": {"limit": 2}})
     assert flow_run.state.is_failed()
     assert "no live stable release" in flow_run.state.message
@@ -440,15 +463,7 @@ def test_a_rollback_event_reaches_the_webhook_with_its_reason(control, notificat
         "emit_rollback('fp8-dynamic-abc', 'TTFT p95 4.2 s over the 3 s ceiling')\n"
         "EventsWorker.drain_all()\n"
     )
-    sent = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=control["env"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert sent.returncode == 0, sent.stderr[-2000:]
+    python_ok(control, "-c", script)
     posted = wait_for(lambda: [b for b in notifications[1] if b.get("kind") == "rollback"], 30)
     assert posted == [
         {
@@ -459,7 +474,7 @@ def test_a_rollback_event_reaches_the_webhook_with_its_reason(control, notificat
     ]
 
 
-def test_the_killed_runs_slot_came_free_and_the_waiting_run_took_it(control):
+def test_the_killed_runs_slot_came_free_and_the_waiting_run_took_it(killed_slot, waiting_eval):
     """With one slot, the waiting eval-only run can only have started evaluating once the
     killed run's lease expired; when it ends, no slot is taken."""
     from prefect.client.orchestration import get_client
@@ -467,7 +482,7 @@ def test_the_killed_runs_slot_came_free_and_the_waiting_run_took_it(control):
 
     def finished():
         with get_client(sync_client=True) as client:
-            run = client.read_flow_run(control["eval_run"])
+            run = client.read_flow_run(waiting_eval["run"])
         return run if run.state.is_final() else None
 
     flow_run = wait_for(finished, 240, 1)
@@ -481,17 +496,17 @@ def test_the_killed_runs_slot_came_free_and_the_waiting_run_took_it(control):
         log.timestamp.timestamp() for log in logs if "waiting for a host slot" in log.message
     ]
     (taken,) = [log.timestamp.timestamp() for log in logs if "host slot taken" in log.message]
-    waited = taken - control["killed_wall"]
+    waited = taken - killed_slot["wall"]
     print(
         f"eval-only: slot taken {waited:.0f}s after the kill; "
         f"run {(flow_run.end_time - flow_run.created).total_seconds():.0f}s"
     )
     assert waited >= LEASE_S, "the run took a slot that a killed run's lease still held"
     # Freed by the server's repossessor (every second here) once the lease expired.
-    free_at = max(asked, control["killed_wall"] + LEASE_S)
+    free_at = max(asked, killed_slot["wall"] + LEASE_S)
     assert taken - free_at <= 30, "the killed run's slot was not freed after its lease"
     assert active_slots() == 0
-    (report,) = (control["eval_home"] / "runs").glob(
+    (report,) = (waiting_eval["home"] / "runs").glob(
         f"eval-*-{str(flow_run.id)[:8]}/eval-report.md"
     )
     assert report.read_text().startswith("# Evaluation of stable release stable-eval-1")
