@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -85,7 +86,40 @@ def diagnose(log_text: str) -> str:
     return "see the log tail below"
 
 
-def free_port() -> int:
+# Ports for servers started later are picked below the kernel's ephemeral range: a port
+# from inside it can be taken, between the pick and the server's bind, by the local end of
+# any outgoing connection (CI, 2026-12-01: a Prometheus could not bind the port picked for
+# it 80 s earlier, "address already in use", while the other pytest worker ran a load test).
+PORT_FLOOR = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    # The wildcard address: also refused when a server holds the port on 127.0.0.1 only.
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(*, attempts: int = 64) -> int:
+    """A port free now, below the ephemeral range where it has one of at least 1,000 ports;
+    else (or when ``attempts`` random picks are all taken) one the kernel picks."""
+    high = _ephemeral_low()
+    if high - PORT_FLOOR >= 1000:
+        for _ in range(attempts):
+            port = random.randrange(PORT_FLOOR, high)
+            if _bindable(port):
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

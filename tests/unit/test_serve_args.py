@@ -1,8 +1,10 @@
+import socket
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from llm_release import serve
 from llm_release.config import ServingConfig
 from llm_release.router import SlotTarget, render_config
 from llm_release.serve import (
@@ -95,3 +97,35 @@ def test_an_explicit_binding_goes_to_vllm_as_written_and_junk_is_refused():
     for junk in ("0;rm -rf /", "all", "1-"):
         with pytest.raises(ValidationError):
             ServingConfig(cpu_threads_bind=junk)
+
+
+def test_free_port_is_below_the_ephemeral_range_and_free():
+    port = serve.free_port()
+    assert serve.PORT_FLOOR <= port < serve._ephemeral_low()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_free_port_skips_a_port_a_server_holds(monkeypatch):
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            free = probe.getsockname()[1]
+        picks = iter([taken, free])
+        monkeypatch.setattr(serve, "_ephemeral_low", lambda: 65536)
+        monkeypatch.setattr(serve.random, "randrange", lambda low, high: next(picks))
+        assert serve.free_port() == free
+
+
+def test_free_port_lets_the_kernel_pick_when_the_range_is_too_small(monkeypatch):
+    def never(low, high):
+        raise AssertionError("no room below the ephemeral range: no random pick")
+
+    monkeypatch.setattr(serve, "_ephemeral_low", lambda: serve.PORT_FLOOR + 10)
+    monkeypatch.setattr(serve.random, "randrange", never)
+    port = serve.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
