@@ -100,6 +100,22 @@ def _gpu_names() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
+# What ``llm-release plan`` assumes per GPU when no GPU is present: an 80 GiB card (A100/H100).
+ASSUMED_GPU_MEMORY_GIB = 80.0
+
+
+def gpu_memory_gib(index: int = 0) -> float | None:
+    """GPU ``index``'s memory as torch (and so vLLM) sees it, in GiB; None without a GPU.
+    An H200 is 139.80 GiB here, not the 143,771 MiB nvidia-smi prints."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= index:
+        return None
+    return torch.cuda.get_device_properties(index).total_memory / 2**30
+
+
 @functools.cache
 def detect() -> Hardware:
     """This host. ``LLM_RELEASE_CPU_FLAGS`` (comma-separated, e.g. ``avx2,fma``) replaces the

@@ -4,7 +4,13 @@ vLLM 0.32 logs, once per engine (``vllm/v1/core/kv_cache_utils.py`` update_kv_ca
 
     CPU KV cache size: 2,097,152 tokens, Maximum concurrency for 1,024 tokens per request: 2048.00x
 
-(``GPU`` on CUDA, ``GPU + host`` with HiSparse), and the memory it gave the cache:
+(``GPU`` on CUDA, ``GPU + host`` with HiSparse). vLLM 0.26 (``kv_cache_utils.py:2177``) logs the
+same two figures as two ``info_once`` lines, in this order:
+
+    GPU KV cache size: 4,025,520 tokens
+    Maximum concurrency for 4,096 tokens per request: 982.79x
+
+Both forms are read. Then the memory it gave the cache:
 ``Available KV cache memory: 61.2 GiB`` (GPU worker) or ``Explicitly set (1.0/23.54) GiB for
 KV cache`` / ``Auto set (…/…) GiB for KV cache`` (CPU worker). A hybrid model also logs
 ``Setting attention block size to N tokens``.
@@ -17,9 +23,21 @@ import re
 from pydantic import BaseModel, ConfigDict, Field
 
 _NUM = r"[\d,]+"
-KV_SIZE = re.compile(
-    rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_NUM}) tokens, "
+# One line (0.32) or two lines (0.26): the size, then the concurrency, whatever lies between
+# (a log line's prefix, or nothing but ", ").
+KV_SIZE = re.compile(rf"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>{_NUM}) tokens")
+KV_CONCURRENCY = re.compile(
     rf"Maximum concurrency for (?P<len>{_NUM}) tokens per request: (?P<conc>[\d.,]+)x"
+)
+# 0.26's gpu_worker logs its profile at DEBUG (VLLM_LOGGING_LEVEL=DEBUG): the non-KV terms
+PROFILE = re.compile(
+    r"Total non KV cache memory: (?P<non_kv>[\d.]+)GiB; torch peak memory increase: "
+    r"(?P<peak>[\d.]+)GiB; non-torch forward increase memory: (?P<non_torch>[\d.]+)GiB; "
+    r"weights memory: (?P<weights>[\d.]+)GiB"
+)
+CUDA_GRAPH_ESTIMATE = re.compile(
+    r"--gpu-memory-utilization=(?P<util>[\d.]+) is equivalent to "
+    r"--gpu-memory-utilization=(?P<equiv>[\d.]+) without CUDA graph memory profiling"
 )
 GPU_KV_MEMORY = re.compile(r"Available KV cache memory: (?P<gib>[\d.]+) GiB")
 CPU_KV_MEMORY = re.compile(
@@ -28,6 +46,20 @@ CPU_KV_MEMORY = re.compile(
 BLOCK_SIZE = re.compile(r"Setting attention block size to (?P<n>\d+) tokens")
 VERSION = re.compile(r"Initializing a V1 LLM engine \(v(?P<v>[^)]+)\)")
 WEIGHTS = re.compile(r"Model loading took (?P<gib>[\d.]+) GiB")
+
+
+class VllmMemoryProfile(BaseModel):
+    """What vLLM's GPU worker measured before sizing the KV cache (GiB, rounded to 0.01)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    non_kv_gib: float = Field(description="weights + torch peak increase + non-torch increase")
+    torch_peak_increase_gib: float = Field(description="activations of the profile run")
+    non_torch_increase_gib: float = Field(description="cuBLAS/NCCL workspaces and the like")
+    weights_gib: float
+    cuda_graph_util: float | None = Field(
+        None, description="utilization taken by the CUDA-graph estimate (util - equivalent)"
+    )
 
 
 class VllmKvReport(BaseModel):
@@ -41,6 +73,9 @@ class VllmKvReport(BaseModel):
     attention_block_size: int | None = Field(None, description="raised for hybrid models")
     weights_gib: float | None = None
     vllm_version: str | None = None
+    profile: VllmMemoryProfile | None = Field(
+        None, description="the non-KV terms, when the server logged at DEBUG"
+    )
 
 
 def _int(text: str) -> int:
@@ -53,6 +88,9 @@ def parse_vllm_kv_report(log_text: str) -> VllmKvReport | None:
     if not sizes:
         return None
     last = sizes[-1]
+    concurrency = KV_CONCURRENCY.search(log_text, last.end())
+    if concurrency is None:  # 0.26 wrote the first line and not yet the second
+        return None
     # the memory and version lines come before the capacity line of the same start
     before = log_text[: last.start()]
 
@@ -64,11 +102,24 @@ def parse_vllm_kv_report(log_text: str) -> VllmKvReport | None:
     block = last_match(BLOCK_SIZE)
     version = last_match(VERSION)
     weights = last_match(WEIGHTS)
+    profile = last_match(PROFILE)
+    graphs = last_match(CUDA_GRAPH_ESTIMATE)
     return VllmKvReport(
         device=last.group("device"),
         kv_cache_tokens=_int(last.group("tokens")),
-        max_model_len=_int(last.group("len")),
-        max_concurrency=float(last.group("conc").replace(",", "")),
+        max_model_len=_int(concurrency.group("len")),
+        max_concurrency=float(concurrency.group("conc").replace(",", "")),
+        profile=VllmMemoryProfile(
+            non_kv_gib=float(profile.group("non_kv")),
+            torch_peak_increase_gib=float(profile.group("peak")),
+            non_torch_increase_gib=float(profile.group("non_torch")),
+            weights_gib=float(profile.group("weights")),
+            cuda_graph_util=round(float(graphs.group("util")) - float(graphs.group("equiv")), 4)
+            if graphs
+            else None,
+        )
+        if profile
+        else None,
         kv_memory_gib=float(memory.group("gib")) if memory else None,
         attention_block_size=int(block.group("n")) if block else None,
         weights_gib=float(weights.group("gib")) if weights else None,

@@ -64,3 +64,37 @@ def test_real_hybrid_log_gives_the_grown_block():
     assert report.attention_block_size == 640
     assert (report.kv_cache_tokens, report.max_concurrency) == (335_462, 163.8)
     assert report.vllm_version == "0.32.0"
+
+
+def test_vllm_026_two_line_report_and_debug_profile():
+    # vLLM 0.26 (kv_cache_utils.py:2177) writes the size and the concurrency as two lines;
+    # its GPU worker logs the memory profile at DEBUG (gpu_worker.py:559)
+    text = (
+        "(EngineCore pid=812) INFO 12-01 21:10:03 [gpu_model_runner.py:4180] Model loading "
+        "took 2.19 GiB memory and 3.2 seconds\n"
+        "(EngineCore pid=812) DEBUG 12-01 21:10:20 [gpu_worker.py:559] Memory profiling takes "
+        "4.51 seconds. Total non KV cache memory: 2.93GiB; torch peak memory increase: 0.62GiB; "
+        "non-torch forward increase memory: 0.12GiB; weights memory: 2.19GiB.\n"
+        "(EngineCore pid=812) INFO 12-01 21:10:20 [gpu_worker.py:560] Available KV cache "
+        "memory: 122.75 GiB\n"
+        "(EngineCore pid=812) INFO 12-01 21:10:20 [gpu_worker.py:575] CUDA graph memory "
+        "profiling is enabled (default since v0.21.0). The current --gpu-memory-utilization="
+        "0.9000 is equivalent to --gpu-memory-utilization=0.8969 without CUDA graph memory "
+        "profiling. To maintain the same effective KV cache size as before, increase "
+        "--gpu-memory-utilization to 0.9031. To disable, set "
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0.\n"
+        "(EngineCore pid=812) INFO 12-01 21:10:20 [kv_cache_utils.py:2177] GPU KV cache size: "
+        "4,025,520 tokens\n"
+        "(EngineCore pid=812) INFO 12-01 21:10:20 [kv_cache_utils.py:2178] Maximum concurrency "
+        "for 4,096 tokens per request: 982.79x\n"
+    )
+    report = parse_vllm_kv_report(text)
+    assert report.device == "GPU"
+    assert (report.kv_cache_tokens, report.max_model_len) == (4_025_520, 4096)
+    assert report.max_concurrency == 982.79 and report.kv_memory_gib == 122.75
+    assert report.profile.non_kv_gib == 2.93 and report.profile.weights_gib == 2.19
+    assert report.profile.torch_peak_increase_gib == 0.62
+    assert report.profile.non_torch_increase_gib == 0.12
+    assert report.profile.cuda_graph_util == 0.0031
+    # the first line alone (a start still logging) is not a report yet
+    assert parse_vllm_kv_report(text.rsplit("(EngineCore", 1)[0]) is None

