@@ -4,9 +4,11 @@ It speaks the two calls the acquire stage makes through ``huggingface_hub`` — 
 listing (``/api/models/{repo}/revision/{rev}``) and a file (``/{repo}/resolve/{rev}/{file}``)
 — but the commit id, the file names, the published hashes and sizes and the bytes sent are
 whatever the test put in. It can also accept a connection and never answer (``silent``),
-send more bytes than it published (``extra``) or stream without end (``endless``), and
-redirect a file to another URL (``redirect``). Every request's path and Authorization
-header is recorded.
+send more bytes than it published (``extra``) or stream without end (``endless``),
+redirect a file to another URL (``redirect``), wait before answering (``delay_s``) and
+send a body one byte at a time (``trickle_s`` between bytes: a hub no per-read timeout
+catches). With ``ranges`` on, it answers a ``Range: bytes=a-b`` with 206 and that slice, as
+the planner's header reads need. Every request's path and Authorization header is recorded.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
@@ -29,6 +32,8 @@ class HubFile:
     extra: int = 0  # bytes sent beyond the body (over-long stream)
     endless: bool = False
     redirect: str | None = None
+    delay_s: float = 0.0  # silence before the answer
+    trickle_s: float = 0.0  # pause between the body's bytes, each sent alone
 
 
 @dataclass
@@ -36,7 +41,9 @@ class Plan:
     commit: object = "0123456789abcdef0123456789abcdef01234567"
     files: dict[str, HubFile] = field(default_factory=dict)
     silent: bool = False
+    ranges: bool = False  # answer Range requests with 206 and the slice
     requests: list[tuple[str, str | None]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # time.monotonic() of each request
 
     def add(
         self,
@@ -76,6 +83,7 @@ class HostileHub:
             def do_GET(self) -> None:  # noqa: N802
                 plan = hub.plan
                 plan.requests.append((self.path, self.headers.get("Authorization")))
+                plan.times.append(time.monotonic())
                 if plan.silent:
                     hub.release.wait(60)  # accepted, never answered
                     return
@@ -95,19 +103,34 @@ class HostileHub:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                self.send_response(200)
+                if file.delay_s:
+                    hub.release.wait(file.delay_s)
+                body = file.body
+                wanted = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
+                if plan.ranges and wanted:
+                    begin, end = int(wanted.group(1)), min(int(wanted.group(2)), len(body) - 1)
+                    body = body[begin : end + 1]
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {begin}-{end}/{len(file.body)}")
+                else:
+                    self.send_response(200)
                 if file.endless:
                     self.send_header("Transfer-Encoding", "chunked")
                 else:
-                    self.send_header("Content-Length", str(len(file.body) + file.extra))
+                    self.send_header("Content-Length", str(len(body) + file.extra))
                 self.end_headers()
                 try:
-                    if file.endless:
+                    if file.trickle_s:
+                        for i in range(len(body)):
+                            if hub.release.wait(file.trickle_s):
+                                break
+                            self.wfile.write(body[i : i + 1])
+                    elif file.endless:
                         chunk = b"x" * 65536
                         while not hub.release.is_set():
                             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     else:
-                        self.wfile.write(file.body + b"x" * file.extra)
+                        self.wfile.write(body + b"x" * file.extra)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
                 self.close_connection = True

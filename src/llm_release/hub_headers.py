@@ -4,7 +4,10 @@ On a hub, only ``config.json``, the safetensors index and each shard's header ar
 a header is fetched with HTTP range requests (8 bytes of length, then the JSON header),
 so a 100 GB model costs a few KB per shard. Everything from the hub is hostile input:
 the header length is bounded, the JSON must have the safetensors shape, dtype names must
-be known, shapes and offsets must be consistent. Every request has a timeout.
+be known, shapes and offsets must be consistent. Every request has a timeout, and all the
+reads of one plan share one wall-clock budget (``LLM_RELEASE_PLAN_DEADLINE_S``, an operator
+setting): a hub that trickles a byte every few seconds beats any per-read timeout, not the
+budget. Header bytes are capped per shard and in total, and so is the number of shards.
 
 safetensors layout: ``u64 little-endian N`` | ``N bytes JSON`` | tensor data, where the
 JSON maps each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (and
@@ -15,17 +18,34 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import struct
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .errors import AcquireError, ConfigError
-from .planner import DTYPE_BYTES, TensorInfo
+from .planner import DTYPE_BYTES, MAX_CONFIG_BYTES, TensorInfo, load_config_json
 
-MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors library's own bound
-MAX_JSON_BYTES = 50 * 1024 * 1024  # config.json / index: anything larger is not one
+# Header caps. A header holds ~150 bytes per tensor: a 5-10 GB shard of the largest public
+# checkpoints (DeepSeek-V3, Qwen3.5-397B-A17B, Llama 3.1 405B) has a few hundred to a few
+# thousand tensors, well under 1 MB; the whole tensor table of a 397B MoE in FP8 (92k
+# experts' weights and as many scales) is ~27 MB. The safetensors library's own bound, 100 MB
+# per file, let a hub make the planner fetch and parse gigabytes.
+MAX_HEADER_BYTES = 16 * 1024 * 1024  # one shard's header: 16x a large one, a 100k-tensor file
+MAX_TOTAL_HEADER_BYTES = 64 * 1024 * 1024  # all shards: 2x the largest real tensor table
+MAX_SHARDS = 4096  # the largest public repos have ~100-400 shards
+MAX_JSON_BYTES = 50 * 1024 * 1024  # the index (~20 MB for a 397B FP8 MoE)
 TIMEOUT_S = 30.0  # seconds, for connect, each read, write and pool wait
+# The wall-clock budget of all hub reads of one plan (operator setting, trusted). A plan of
+# the largest public repos makes ~400 range requests (two per shard), 40-80 s at the
+# public hub's 0.1-0.2 s per redirected request; 120 s leaves room, a slower mirror raises it.
+PLAN_DEADLINE_ENV = "LLM_RELEASE_PLAN_DEADLINE_S"
+DEFAULT_PLAN_DEADLINE_S = 120.0
+MAX_PLAN_DEADLINE_S = 3600.0
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 _SHARD_NAME = re.compile(r"^[\w.\-]+\.safetensors$")
@@ -49,8 +69,10 @@ def parse_header(raw: bytes, *, name: str, file_size: int | None = None) -> dict
     """Validate and parse one safetensors JSON header (the bytes after the length)."""
     try:
         header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AcquireError(f"{name}: safetensors header is not JSON ({exc})") from exc
+    except RecursionError:
+        raise AcquireError(f"{name}: safetensors header is nested without end") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, over-long integers
+        raise AcquireError(f"{name}: safetensors header is not JSON ({str(exc)[:120]})") from None
     if not isinstance(header, dict):
         raise AcquireError(f"{name}: safetensors header is not a JSON object")
     tensors: dict[str, TensorInfo] = {}
@@ -110,8 +132,10 @@ def _header_length(first8: bytes, name: str) -> int:
 def _load_json(raw: bytes, name: str) -> dict:
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise AcquireError(f"{name} is not valid JSON ({exc})") from exc
+    except RecursionError:
+        raise AcquireError(f"{name} is nested without end") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, over-long integers
+        raise AcquireError(f"{name} is not valid JSON ({str(exc)[:120]})") from None
     if not isinstance(data, dict):
         raise AcquireError(f"{name} is not a JSON object")
     return data
@@ -121,13 +145,93 @@ def _shards_from_index(index: dict, name: str) -> list[str]:
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise AcquireError(f"{name} has no weight_map")
-    shards = sorted(set(weight_map.values()))
-    for shard in shards:
+    for shard in weight_map.values():
         if not isinstance(shard, str) or not _SHARD_NAME.match(shard):
             raise AcquireError(
                 f"{name} names a shard {str(shard)[:80]!r} that is not a plain file name"
             )
+    shards = sorted(set(weight_map.values()))
+    if len(shards) > MAX_SHARDS:
+        raise AcquireError(
+            f"{name} names {len(shards):,} shards, over the planner's limit of {MAX_SHARDS:,}",
+            hint="no public checkpoint has more than a few hundred; the repo is damaged or hostile",
+        )
     return shards
+
+
+def _count_header(files: ModelFiles, shard: str, length: int) -> None:
+    """Refuse a header that would take the plan past MAX_TOTAL_HEADER_BYTES, before it is read."""
+    total = sum(files.shard_bytes_read.values()) + 8 + length
+    if total > MAX_TOTAL_HEADER_BYTES:
+        raise AcquireError(
+            f"{shard}: the shard headers come to more than the planner's limit of "
+            f"{MAX_TOTAL_HEADER_BYTES:,} bytes in all ({len(files.shard_bytes_read)} read)",
+            hint="no public checkpoint's tensor table comes near it; the repo is damaged or "
+            "hostile",
+        )
+
+
+def plan_deadline_s() -> float:
+    """The operator's budget for all hub reads of one plan, from LLM_RELEASE_PLAN_DEADLINE_S."""
+    raw = os.environ.get(PLAN_DEADLINE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PLAN_DEADLINE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_PLAN_DEADLINE_S:  # NaN fails too
+        raise ConfigError(
+            f"{PLAN_DEADLINE_ENV}={raw[:40]!r} is not a number of seconds in (0, "
+            f"{MAX_PLAN_DEADLINE_S:g}]",
+            hint=f"unset it for the default of {DEFAULT_PLAN_DEADLINE_S:g} s, or set seconds",
+        )
+    return value
+
+
+class _Deadline:
+    """One wall-clock budget shared by every read of one plan."""
+
+    def __init__(self, budget_s: float, endpoint: str) -> None:
+        self.budget_s = budget_s
+        self.host = urlsplit(endpoint).netloc.rsplit("@", 1)[-1] or endpoint
+        self.end = time.monotonic() + budget_s
+
+    def remaining(self) -> float:
+        return self.end - time.monotonic()
+
+    def error(self) -> AcquireError:
+        return AcquireError(
+            f"{self.host} did not send the plan's config, index and shard headers within "
+            f"the {self.budget_s:g} s budget",
+            hint=f"the hub is slow or trickling: use another endpoint, or raise "
+            f"{PLAN_DEADLINE_ENV} (default {DEFAULT_PLAN_DEADLINE_S:g} s) for a slow mirror",
+        )
+
+    def check(self) -> None:
+        if self.remaining() <= 0:
+            raise self.error()
+
+    def run(self, work):
+        """``work()`` in a thread, waited for until the budget ends (a read blocked in the
+        socket cannot be interrupted from here; its own timeout, capped at what was left of
+        the budget when it started, ends the thread soon after)."""
+        box: dict = {}
+
+        def target() -> None:
+            try:
+                box["result"] = work()
+            except BaseException as exc:  # handed to the caller
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, name="plan-metadata", daemon=True)
+        thread.start()
+        thread.join(max(0.0, self.remaining()))
+        if thread.is_alive():
+            raise self.error()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
 
 
 # ---------------------------------------------------------------- a local folder
@@ -141,8 +245,16 @@ def read_local(model_dir: Path) -> ModelFiles:
             f"{model_dir} has no config.json",
             hint="pass a model folder, or a repo id with --endpoint",
         )
-    config = _load_json(config_path.read_bytes(), str(config_path))
+    if config_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{config_path} is {config_path.stat().st_size:,} bytes, over the planner's limit "
+            f"of {MAX_CONFIG_BYTES:,}",
+            hint="a transformers config.json is a few KB; the folder is damaged or hostile",
+        )
+    config = load_config_json(config_path.read_bytes(), str(config_path))
     if (model_dir / INDEX_NAME).is_file():
+        if (model_dir / INDEX_NAME).stat().st_size > MAX_JSON_BYTES:
+            raise ConfigError(f"{INDEX_NAME} is over {MAX_JSON_BYTES:,} bytes")
         shards = _shards_from_index(
             _load_json((model_dir / INDEX_NAME).read_bytes(), INDEX_NAME), INDEX_NAME
         )
@@ -155,11 +267,13 @@ def read_local(model_dir: Path) -> ModelFiles:
         path = model_dir / shard
         with path.open("rb") as fh:
             length = _header_length(fh.read(8), shard)
+            _count_header(files, shard, length)
             raw = fh.read(length)
         if len(raw) != length:
             raise AcquireError(f"{shard}: header cut short ({len(raw)} of {length} bytes)")
         files.tensors.update(parse_header(raw, name=shard, file_size=path.stat().st_size))
         files.bytes_read += 8 + length
+        files.shard_bytes_read[shard] = 8 + length
     return files
 
 
@@ -172,8 +286,12 @@ def read_hub(
     revision: str = "main",
     endpoint: str | None = None,
     timeout: float = TIMEOUT_S,
+    deadline_s: float | None = None,
 ) -> ModelFiles:
-    """config.json, the index and every shard header of a hub repo, by range requests."""
+    """config.json, the index and every shard header of a hub repo, by range requests.
+
+    All reads share one wall-clock budget, ``deadline_s`` (default: the operator's
+    LLM_RELEASE_PLAN_DEADLINE_S, else 120 s); past it the plan fails naming the host."""
     from huggingface_hub import constants, hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session
 
@@ -181,16 +299,29 @@ def read_hub(
     session = get_session()
     headers = build_hf_headers()
     files = ModelFiles(source=f"{endpoint}/{repo_id}@{revision}", config={}, tensors={}, shards=[])
+    deadline = _Deadline(deadline_s if deadline_s is not None else plan_deadline_s(), endpoint)
 
-    def get(path: str, byte_range: tuple[int, int] | None = None, *, missing_ok: bool = False):
+    def get(
+        path: str,
+        byte_range: tuple[int, int] | None = None,
+        *,
+        missing_ok: bool = False,
+        max_bytes: int = MAX_JSON_BYTES,
+    ):
+        deadline.check()
         url = hf_hub_url(repo_id, path, revision=files.commit or revision, endpoint=endpoint)
         extra = dict(headers)
         if byte_range:
             extra["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"
-        limit = (byte_range[1] - byte_range[0] + 1) if byte_range else MAX_JSON_BYTES
+        limit = (byte_range[1] - byte_range[0] + 1) if byte_range else max_bytes
         try:
             with session.stream(
-                "GET", url, headers=extra, timeout=timeout, follow_redirects=True
+                "GET",
+                url,
+                headers=extra,
+                # each connect/read waits at most what is left of the budget
+                timeout=max(0.001, min(timeout, deadline.remaining())),
+                follow_redirects=True,
             ) as response:
                 if response.status_code == 404 and missing_ok:
                     return None, None
@@ -205,15 +336,21 @@ def read_hub(
                         hint="the hub must support range requests; reading the whole shard "
                         "would download the weights",
                     )
-                body = b""
-                for chunk in response.iter_bytes(64 * 1024):
-                    body += chunk
-                    if len(body) > limit:
-                        raise AcquireError(f"{url} sent more than the {limit} bytes asked for")
+                parts: list[bytes] = []
+                received = 0
+                for chunk in response.iter_bytes():  # as it arrives: a trickle is seen
+                    parts.append(chunk)
+                    received += len(chunk)
+                    if received > limit:
+                        raise AcquireError(f"{url} sent more than the {limit:,} bytes expected")
+                    deadline.check()
+                body = b"".join(parts)
                 headers_in = response.headers
         except AcquireError:
             raise
         except Exception as exc:  # httpx transport errors and timeouts
+            if deadline.remaining() <= 0:
+                raise deadline.error() from None
             raise AcquireError(
                 f"could not reach {url}: {type(exc).__name__}: {str(exc)[:200]}",
                 hint="check --endpoint (or HF_ENDPOINT) and the network",
@@ -227,21 +364,25 @@ def read_hub(
             total = int(match.group(1))
         return body, total
 
-    config_raw, _ = get("config.json")
-    files.config = _load_json(config_raw, "config.json")
-    index_raw, _ = get(INDEX_NAME, missing_ok=True)
-    files.shards = (
-        _shards_from_index(_load_json(index_raw, INDEX_NAME), INDEX_NAME)
-        if index_raw is not None
-        else [SINGLE_NAME]
-    )
-    for shard in files.shards:
-        # Two exact ranges: the length, then the header. Not one byte of tensor data.
-        first, size = get(shard, (0, 7))
-        length = _header_length(first, shard)
-        raw, size = get(shard, (8, 8 + length - 1))
-        if len(raw) != length:
-            raise AcquireError(f"{shard}: header cut short ({len(raw)} of {length} bytes)")
-        files.shard_bytes_read[shard] = 8 + len(raw)
-        files.tensors.update(parse_header(raw, name=shard, file_size=size))
-    return files
+    def read_all() -> ModelFiles:
+        config_raw, _ = get("config.json", max_bytes=MAX_CONFIG_BYTES)
+        files.config = load_config_json(config_raw, "config.json")
+        index_raw, _ = get(INDEX_NAME, missing_ok=True)
+        files.shards = (
+            _shards_from_index(_load_json(index_raw, INDEX_NAME), INDEX_NAME)
+            if index_raw is not None
+            else [SINGLE_NAME]
+        )
+        for shard in files.shards:
+            # Two exact ranges: the length, then the header. Not one byte of tensor data.
+            first, size = get(shard, (0, 7))
+            length = _header_length(first, shard)
+            _count_header(files, shard, length)
+            raw, size = get(shard, (8, 8 + length - 1))
+            if len(raw) != length:
+                raise AcquireError(f"{shard}: header cut short ({len(raw)} of {length} bytes)")
+            files.shard_bytes_read[shard] = 8 + len(raw)
+            files.tensors.update(parse_header(raw, name=shard, file_size=size))
+        return files
+
+    return deadline.run(read_all)
