@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from . import credentials, paths, safety
+from . import credentials, local_source, paths, safety
 from .config import SourceConfig
 from .download import (
     Expected,
@@ -30,7 +30,7 @@ from .download import (
     copy_verified,
     fetch,
 )
-from .errors import AcquireError, ConfigError, IntegrityError
+from .errors import AcquireError, ConfigError, IntegrityError, ReleaseError
 from .fileio import atomic_write_json, sha256_file
 from .safety import UnsafeNameError
 
@@ -88,30 +88,18 @@ def _api(source: SourceConfig, token: str | None):
 
 
 def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
-    """A local or mounted folder: its content hashes are its commit."""
-    root = Path(source.local_path or "")
-    if not root.is_dir():
-        raise AcquireError(
-            f"local model folder {root} does not exist",
-            hint="check local_path (a mounted model store must be mounted)",
-        )
-    paths_found = sorted(
-        p
-        for p in root.rglob("*")
-        if p.is_file()
-        and not any(part.startswith(".") for part in p.relative_to(root).parts)
-        and not p.name.endswith(".part")
-    )
-    relative = [p.relative_to(root).as_posix() for p in paths_found]
+    """A local or mounted folder under a root the operator allows (local_source): its
+    content hashes are its commit. Every file is checked to stay inside the root before
+    the first one is read."""
+    where = local_source.folder(source.local_path or "")
+    found = local_source.files(where)
     if source.allow_patterns:
-        keep = [_matches(r, source.allow_patterns) for r in relative]
-        paths_found = [p for p, k in zip(paths_found, keep, strict=True) if k]
-        relative = [r for r, k in zip(relative, keep, strict=True) if k]
+        found = [f for f in found if _matches(f.relative, source.allow_patterns)]
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        digests = list(pool.map(sha256_file, paths_found))
+        digests = list(pool.map(lambda f: local_source.sha256(where, f), found))
     files = [
-        RemoteFile(path=r, size=p.stat().st_size, sha256=d, blob_id=None)
-        for r, p, d in zip(relative, paths_found, digests, strict=True)
+        RemoteFile(path=f.relative, size=f.size, sha256=d, blob_id=None)
+        for f, d in zip(found, digests, strict=True)
     ]
     commit = hashlib.sha1(json.dumps([[f.path, f.sha256] for f in files]).encode()).hexdigest()
     return commit, files
@@ -316,20 +304,38 @@ def _expected(remote: RemoteFile) -> Expected:
     return Expected(remote.path, remote.size, remote.sha256, remote.blob_id)
 
 
-def _manifest_matches(manifest_path: Path, model_dir: Path) -> bool:
+def _verified_copies(
+    manifest_path: Path, model_dir: Path, remote_files: list[RemoteFile], workers: int
+) -> dict[str, str]:
+    """The files of an earlier download that still hold the published bytes: path ->
+    SHA-256. Each one is hashed again and checked against the hub's published hash, in
+    parallel (hashlib releases the GIL): an unchanged size and mtime prove nothing about the
+    bytes. A file of a different size is not read."""
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return False
-    for entry in manifest.get("files", []):
-        path = model_dir / entry["path"]
+    except (OSError, ValueError):
+        return {}
+    entries = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(entries, list):
+        return {}
+    recorded = {e.get("path") for e in entries if isinstance(e, dict)}
+    candidates = []
+    for remote in remote_files:
+        if remote.path not in recorded:
+            continue
         try:
-            stat = path.stat()
-        except FileNotFoundError:
-            return False
-        if stat.st_size != entry["size"] or int(stat.st_mtime_ns) != entry["mtime_ns"]:
-            return False
-    return bool(manifest.get("files"))
+            size = (model_dir / remote.path).stat().st_size
+        except OSError:
+            continue
+        if size == remote.size:
+            candidates.append(remote)
+
+    def one(remote: RemoteFile) -> tuple[str, str | None]:
+        problem, sha256 = _verify_existing(model_dir / remote.path, remote)
+        return remote.path, sha256 if problem is None else None
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return {path: sha for path, sha in pool.map(one, candidates) if sha}
 
 
 @dataclass(frozen=True)
@@ -372,7 +378,10 @@ def acquire(
     except UnsafeNameError as exc:
         raise AcquireError(f"{source.repo_id}@{commit}: {exc.message}") from None
     manifest_path = model_dir.with_name(commit + MANIFEST_SUFFIX)
-    if _manifest_matches(manifest_path, model_dir):
+    verified = _verified_copies(
+        manifest_path, model_dir, remote_files, max(settings.workers, os.cpu_count() or 1)
+    )
+    if len(verified) == len(remote_files):
         return Acquired(model_dir, manifest_path, commit, source.repo_id, 0, reused=True)
 
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -392,16 +401,24 @@ def acquire(
 
     def one(remote: RemoteFile) -> Outcome:
         target = targets[remote.path]
+        if remote.path in verified:
+            return Outcome(sha256=verified[remote.path], attempts=0, bytes=0)
         problem, sha256 = _verify_existing(target, remote) if target.exists() else ("", None)
         if problem is None:
             return Outcome(sha256=sha256, attempts=0, bytes=0)
         target.unlink(missing_ok=True)
         if source.hub == "local":
             try:
+                # Checked again at copy time: the folder may have changed since the listing.
+                where = local_source.folder(source.local_path or "")
+                local = local_source.checked_file(where, remote.path)
                 sha = copy_verified(
-                    Path(source.local_path) / remote.path, target, _expected(remote)
+                    local.real,
+                    target,
+                    _expected(remote),
+                    open_source=lambda: local_source.open_file(where, local),
                 )
-            except (TransferError, OSError) as exc:
+            except (TransferError, OSError, ReleaseError) as exc:
                 return Outcome(error=str(exc), attempts=1)
             return Outcome(sha256=sha, attempts=1, bytes=target.stat().st_size)
         if source.hub == "modelscope":

@@ -41,7 +41,11 @@ class SourceConfig(StrictModel):
         None, description="hub endpoint; None uses HF_ENDPOINT / MODELSCOPE_ENDPOINT or the hub"
     )
     allow_patterns: list[str] | None = None
-    local_path: str | None = Field(None, description="for hub=local: a local or mounted folder")
+    local_path: str | None = Field(
+        None,
+        description="for hub=local: the absolute path of a model folder under one of the "
+        "folders the operator allows (LLM_RELEASE_LOCAL_ROOTS); anything else is refused",
+    )
     credentials_block: str | None = Field(
         None,
         description="name of a saved HubCredentials block (endpoint + token) for gated repos "
@@ -53,6 +57,14 @@ class SourceConfig(StrictModel):
         if (self.hub == "local") != (self.local_path is not None):
             raise ValueError("local_path is required with hub='local' and only allowed with it")
         return self
+
+    @field_validator("local_path")
+    @classmethod
+    def _absolute_local_path(cls, value: str | None) -> str | None:
+        # Where it may point is the operator's roots' business (local_source), at run time.
+        if value is not None and (not value.startswith("/") or "\0" in value or len(value) > 4096):
+            raise ValueError("local_path must be an absolute path (e.g. /srv/models/my-model)")
+        return value
 
     @field_validator("endpoint")
     @classmethod
@@ -80,7 +92,12 @@ class CandidateConfig(StrictModel):
     name: str
     scheme: Scheme
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
-    group_size: int = Field(64, description="W4A16 group size; the layer widths must divide by it")
+    group_size: int = Field(
+        64,
+        ge=1,
+        description="W4A16 group size: positive, and every quantized layer's input width must "
+        "divide by it (checked against the model's config.json before the download)",
+    )
     symmetric: bool = Field(
         False, description="W4A16 without zero points; asymmetric (the default) loses less"
     )

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from .fileio import HASH_CHUNK
 
@@ -223,13 +224,21 @@ def fetch(
     return outcome
 
 
-def copy_verified(source: Path, target: Path, expected: Expected) -> str:
-    """Copy a local file into place, hashing the bytes as they are copied."""
+def copy_verified(
+    source: Path,
+    target: Path,
+    expected: Expected,
+    *,
+    open_source: Callable[[], BinaryIO] | None = None,
+) -> str:
+    """Copy a local file into place, hashing the bytes as they are copied. ``open_source``
+    opens ``source`` when plain ``open`` is not safe enough (local_source.open_file)."""
     part = target.with_name(target.name + ".part")
     target.parent.mkdir(parents=True, exist_ok=True)
     hashes = _Hashes(expected.size, want_blob=False)
     done = 0
-    with source.open("rb", buffering=0) as src, part.open("wb") as out:
+    opened = open_source() if open_source else source.open("rb", buffering=0)
+    with opened as src, part.open("wb") as out:
         buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
         while n := src.readinto(buf):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 
-from . import paths, prometheus
+from . import local_source, paths, prometheus
 from .config import ReleaseConfig
 from .errors import ConfigError, MetricsError, RouterError, ServeError
 from .evalsets import calibration_texts, validate
@@ -20,6 +20,9 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
     now (the champion, when there is one) and the model name the service answers to."""
     router_port = config.router_port or default_router_port()
     champion, service_name = check_service(config)
+    if config.source.hub == "local":
+        # A run's local_path only under the operator's roots, every file inside them.
+        local_source.checked_folder(config.source.local_path or "")
     load_decoding()
     calibration = calibration_texts()
     for name in config.evaluation.eval_sets:

@@ -26,6 +26,7 @@ MoE model's bytes.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,16 +138,56 @@ def plan_for_model(model_dir: Path, extra_ignore=()) -> RecipePlan:
     return plan_from_config(json.loads((Path(model_dir) / "config.json").read_text()), extra_ignore)
 
 
+GROUP_SIZES = (128, 64, 32, 16)  # the group sizes W4A16 kernels are built for, largest first
+
+
 def check_group_size(plan: RecipePlan, group_size: int) -> None:
-    """Every quantized Linear's input width must divide by the W4A16 group size."""
+    """Every quantized Linear's input width must divide by the W4A16 group size, and the
+    group size must be positive (0 divided nothing and failed deep in the quantizer; a
+    negative size divided every width)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ConfigError(
+            f"W4A16 group size {group_size!r} is not a positive whole number",
+            hint=f"use a group size that divides every layer width, {_suggestion(plan)}",
+        )
     bad = {role: w for role, w in plan.input_widths.items() if w % group_size}
     if bad:
         listing = ", ".join(f"{role} = {w}" for role, w in bad.items())
         raise ConfigError(
             f"W4A16 group size {group_size} does not divide the Linear input widths: {listing}",
-            hint="choose a group size that divides every Linear input width (e.g. 64 for "
-            "SmolLM2's 576), or add those layers to 'ignore'",
+            hint=f"choose a group size that divides every Linear input width, "
+            f"{_suggestion(plan)}, or add those layers to 'ignore'",
         )
+
+
+def _suggestion(plan: RecipePlan) -> str:
+    widths = [w for w in plan.input_widths.values() if w > 0]
+    fits = [g for g in GROUP_SIZES if all(w % g == 0 for w in widths)]
+    if fits:
+        return f"e.g. {fits[0]} for this model's widths {sorted(set(widths))}"
+    return f"e.g. {math.gcd(*widths) if widths else 1} (this model's widths {sorted(set(widths))})"
+
+
+def check_candidates(candidates, config: dict) -> None:
+    """The group size of every W4A16 candidate against the model's ``config.json`` (the
+    planning stage calls this before the download; quantization checks again)."""
+    for candidate in candidates:
+        if candidate.scheme != "W4A16_AWQ":
+            continue
+        try:
+            plan = plan_from_config(config, candidate.ignore)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise ConfigError(
+                f"candidate {candidate.name!r}: config.json does not give the layer widths "
+                f"W4A16 groups run along ({type(exc).__name__}: {str(exc)[:100]})",
+                hint="quantize this model with FP8_DYNAMIC, or fix its config.json",
+            ) from None
+        try:
+            check_group_size(plan, candidate.group_size)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"candidate {candidate.name!r}: {exc.message}", hint=exc.hint
+            ) from None
 
 
 def awq_mappings(plan: RecipePlan):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from . import corrections, hub_headers, planner
+from . import corrections, hub_headers, local_source, planner, recipes
 from .config import ReleaseConfig, ServingConfig
 from .errors import ConfigError, ReleaseError
 from .hardware import Hardware
@@ -58,6 +58,8 @@ def plan_release(
             hint="change serving.max_model_len, serving.cpu_kvcache_space_gib or "
             "gpu_memory_utilization as the plan suggests ('llm-release plan' shows the table)",
         )
+    # A W4A16 group size that does not divide a layer fails here, before the download.
+    recipes.check_candidates(config.candidates, files.config)
     return result
 
 
@@ -68,7 +70,8 @@ def read_release_model(
     source cannot be read that way (ModelScope)."""
     source = config.source
     if source.hub == "local":
-        return hub_headers.read_local(Path(source.local_path or ""))
+        # Only from a folder under the operator's roots, every file inside them (links too).
+        return hub_headers.read_local(local_source.checked_folder(source.local_path or ""))
     if source.hub == "modelscope":
         return None
     del token  # huggingface_hub's own headers carry the configured token to its endpoint

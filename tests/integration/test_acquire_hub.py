@@ -1,6 +1,7 @@
 """The acquire stage against a real HTTP hub on 127.0.0.1, through the real huggingface_hub."""
 
 import json
+import os
 
 import pytest
 
@@ -53,6 +54,23 @@ def test_locally_corrupted_file_is_fetched_again(home, hub):
     assert shard.read_bytes() == good
 
 
+def test_a_changed_file_with_its_size_and_mtime_kept_is_fetched_again(home, hub):
+    acquired = acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
+    for name in ("config.json", sorted(acquired.model_dir.glob("*.safetensors"))[0].name):
+        path = acquired.model_dir / name
+        good, before = path.read_bytes(), path.stat()
+        changed = bytearray(good)
+        changed[len(changed) // 2] ^= 0x01
+        path.write_bytes(bytes(changed))
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert path.stat().st_size == before.st_size
+        assert path.stat().st_mtime_ns == before.st_mtime_ns
+        again = acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
+        assert not again.reused and again.downloaded_bytes == len(good), name
+        assert path.read_bytes() == good
+    assert acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url)).reused
+
+
 def test_unknown_revision_and_repo_are_clear(home, hub):
     with pytest.raises(AcquireError, match="revision 'v9' does not exist"):
         acquire(SourceConfig(repo_id=TINY_REPO, revision="v9", endpoint=hub.url))
@@ -81,7 +99,10 @@ def test_paths_with_spaces_are_refused(monkeypatch, hub, tmp_path):
         acquire(SourceConfig(repo_id=TINY_REPO, endpoint=hub.url))
 
 
-def test_local_folder_source_is_copied_verified_and_content_addressed(home, tiny_model_dir):
+def test_local_folder_source_is_copied_verified_and_content_addressed(
+    home, tiny_model_dir, monkeypatch
+):
+    monkeypatch.setenv("LLM_RELEASE_LOCAL_ROOTS", str(tiny_model_dir.parent))
     source = SourceConfig(hub="local", repo_id="local/tiny", local_path=str(tiny_model_dir))
     acquired = acquire(source)
     check_repo_contract(acquired.model_dir)

@@ -125,6 +125,60 @@ def test_group_size_is_checked_against_the_experts_width():
         )
 
 
+@pytest.mark.parametrize("size", [0, -1, -64])
+def test_a_group_size_of_zero_or_below_is_refused(size):
+    from pydantic import ValidationError
+
+    from llm_release.config import CandidateConfig
+
+    with pytest.raises(ValidationError, match="group_size"):
+        CandidateConfig(name="awq", scheme="W4A16_AWQ", group_size=size)
+    # The recipe refuses it too (0 divided nothing, -64 divided every width).
+    with pytest.raises(ConfigError, match=f"group size {size} is not a positive"):
+        check_group_size(plan_from_config(QWEN3_MOE), size)
+
+
+def test_a_group_size_that_divides_no_width_names_it_and_suggests_one():
+    config = {**QWEN3_MOE, "hidden_size": 2592, "moe_intermediate_size": 96}
+    with pytest.raises(ConfigError) as caught:
+        check_group_size(plan_from_config(config), 128)
+    assert "= 2592" in caught.value.message and "= 96" in caught.value.message
+    assert "e.g. 32 for this model's widths" in caught.value.hint
+    # Widths no usual group size divides: their greatest common divisor is suggested.
+    with pytest.raises(ConfigError) as caught:
+        check_group_size(plan_from_config({**config, "moe_intermediate_size": 100}), 64)
+    assert "e.g. 4 " in caught.value.hint
+
+
+def test_the_release_plan_refuses_a_group_size_before_the_download():
+    from llm_release.config import ReleaseConfig
+    from llm_release.hardware import CpuInfo, Hardware
+    from llm_release.hub_headers import ModelFiles
+    from llm_release.recipes import check_candidates
+    from llm_release.sizing import plan_release
+    from tests.unit.test_planner import llama
+
+    def release(group_size: int) -> ReleaseConfig:
+        return ReleaseConfig.model_validate(
+            {
+                "source": {"repo_id": "acme/tiny"},
+                "serving": {"dtype": "bfloat16"},
+                "candidates": [
+                    {"name": "fp8", "scheme": "FP8_DYNAMIC"},
+                    {"name": "awq", "scheme": "W4A16_AWQ", "group_size": group_size},
+                ],
+            }
+        )
+
+    files = ModelFiles(source="hub", config=llama(), tensors={}, shards=[])
+    cpu = Hardware(cpu=CpuInfo(model_name="cpu", cores=2, flags=["avx2"]), machine="x86_64")
+    assert plan_release(release(64), cpu, files).fits
+    with pytest.raises(ConfigError, match="candidate 'awq': W4A16 group size 96 does not divide"):
+        plan_release(release(96), cpu, files)
+    with pytest.raises(ConfigError, match="does not give the layer widths"):
+        check_candidates(release(64).candidates, {"num_attention_heads": 4})
+
+
 GIB = 2**30
 
 
