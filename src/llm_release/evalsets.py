@@ -9,6 +9,8 @@ Every error names the file, the line and the field.
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import json
 import re
 import shutil
@@ -22,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import metrics, paths, safety, templates
 from .errors import EvalError, ReleaseError
+from .fileio import atomic_write_json
 
 TEMPLATE = "_template"
 README_FIELDS = ("Purpose", "Owner", "Criticality")
@@ -116,6 +119,7 @@ class EvalSet:
 def defaults(root: Path | None = None) -> Defaults:
     path = (root or paths.eval_sets_dir()) / "defaults.yaml"
     if not path.exists():
+        _record(path, None)
         return Defaults()
     data = _read_yaml(path)
     try:
@@ -130,12 +134,29 @@ def _pydantic_message(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
 
 
-MAX_YAML_BYTES = 1 << 20
+# A task.yaml is a kilobyte or two; PyYAML reads about 30 KB a second of CPU in the worst
+# legitimate shapes (many short keys or flow lists), so 64 KiB bounds a file to ~2 s.
+MAX_YAML_BYTES = 64 * 1024
+MAX_INCLUDE_DEPTH = 4
+
+
+# While validate_cached runs: every file an eval set's check read, with its SHA-256 ("" for
+# one that was looked for and absent), so the check is redone only when one of them changes.
+_READS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "eval_set_reads", default=None
+)
+
+
+def _record(path: Path, data: bytes | None) -> None:
+    reads = _READS.get()
+    if reads is not None:
+        reads[str(Path(path).absolute())] = "" if data is None else hashlib.sha256(data).hexdigest()
 
 
 def _read_text(path: Path, limit: int | None = None) -> str:
     """A data file as UTF-8 text; bad bytes are an error naming the file and line."""
     data = path.read_bytes()
+    _record(path, data)
     if limit is not None and len(data) > limit:
         raise EvalSetError(path, None, None, f"is {len(data)} bytes; at most {limit} allowed")
     try:
@@ -145,6 +166,57 @@ def _read_text(path: Path, limit: int | None = None) -> str:
         raise EvalSetError(
             path, line, None, f"not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
         ) from None
+
+
+MAX_NESTING = 32
+_BLOCK_SCALAR = re.compile(r"(?:^|[\s:-])[|>][-+0-9]*[ \t]*(?:#.*)?$")
+_INDICATORS = re.compile(r"(?:[-?:](?:[ \t]+|$))+")
+
+
+def _check_nesting(path: Path, text: str) -> None:
+    """Nesting bounded on the raw text, before any YAML parser sees it: PyYAML's scanner
+    slows down with the square of the flow depth ('[[[[…' of 100 KB took 83 s of CPU) and
+    its composer recurses once per level. Counted conservatively: every '[' or '{' opens a
+    flow level wherever it stands (in quotes and block text too; a template's balanced
+    '{{ field }}' closes what it opens), every ']' or '}' closes one; a block level is an
+    indentation step or a '- ' / '? ' / ': ' indicator at the start of a line. The text of
+    a '|' or '>' block scalar adds no block level (a prompt may be indented freely)."""
+    flow = 0
+    indents: list[int] = []
+    scalar_indent: int | None = None  # the indent of the line that opened a block scalar
+    for number, line in enumerate(text.splitlines(), 1):
+        body = line.lstrip(" \t")
+        indent = len(line) - len(body)
+        if scalar_indent is not None and (not body or indent > scalar_indent):
+            depth = len(indents)
+        else:
+            scalar_indent = None
+            if not body or body.startswith("#"):
+                depth = len(indents)
+            else:
+                while indents and indents[-1] >= indent:
+                    indents.pop()
+                indents.append(indent)
+                marks = _INDICATORS.match(body)
+                depth = len(indents) + (len(re.findall("[-?:]", marks[0])) if marks else 0)
+                if _BLOCK_SCALAR.search(line):
+                    scalar_indent = indent
+        for char in line:
+            if char in "[{":
+                flow += 1
+                if flow > MAX_NESTING:
+                    break
+            elif char in "]}" and flow:
+                flow -= 1
+        if depth + flow > MAX_NESTING:
+            raise EvalSetError(
+                path,
+                number,
+                None,
+                f"nested more than {MAX_NESTING} levels deep ('[', '{{', indentation and "
+                "'- ' count as levels)",
+                hint="an eval set's task.yaml is a few levels deep; flatten it",
+            )
 
 
 def _check_yaml_structure(path: Path, text: str) -> None:
@@ -181,6 +253,7 @@ def _check_yaml_structure(path: Path, text: str) -> None:
 
 def _read_yaml(path: Path) -> dict:
     text = _read_text(path, MAX_YAML_BYTES)
+    _check_nesting(path, text)
     try:
         _check_yaml_structure(path, text)
         data = yaml.safe_load(text)
@@ -262,6 +335,13 @@ def _load_task(
         )
     if base_path in seen:
         raise EvalSetError(path, lines.get("include"), "include", "include cycle")
+    if len(seen) >= MAX_INCLUDE_DEPTH:
+        raise EvalSetError(
+            path,
+            lines.get("include"),
+            "include",
+            f"more than {MAX_INCLUDE_DEPTH} includes deep; include a base YAML directly",
+        )
     base, _, base_origins = _load_task(base_path, root, (*seen, path))
     return base | data, lines, base_origins | origins
 
@@ -577,6 +657,60 @@ def validate(name: str, root: Path | None = None, calibration: list[str] | None 
         "critical": eval_set.gates.critical,
         "resolution": resolution(eval_set, items),
     }
+
+
+def validate_cached(name: str, root: Path | None = None) -> dict:
+    """:func:`validate`, remembered: a set that passed is not checked again while every
+    file its check read (task YAMLs, includes, README, items, defaults), the calibration
+    texts and this checking code are byte for byte the same (compared by SHA-256, so a
+    file edited in place with its size and mtime kept is checked again). Kept per set
+    under the project home; only a passing check is kept."""
+    safety.set_name(name, "eval set")
+    root = root or paths.eval_sets_dir()
+    store = paths.home() / "eval-set-checks" / f"{name}.json"
+    context = {"root": str(root.absolute()), "code": _checker_fingerprint()}
+    try:
+        record = json.loads(store.read_text())
+        if record["context"] == context and _unchanged(record["reads"]):
+            return record["summary"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    token = _READS.set({})
+    try:
+        summary = validate(name, root)
+        reads = dict(_READS.get() or {})
+    finally:
+        _READS.reset(token)
+    atomic_write_json(store, {"context": context, "reads": reads, "summary": summary})
+    return summary
+
+
+def _checker_fingerprint() -> str:
+    """The checking code and the calibration texts a leak is looked for in."""
+    digest = hashlib.sha256(f"{yaml.__version__} {jinja2.__version__}".encode())
+    from . import stats
+
+    for module in (metrics, templates, safety, stats):
+        digest.update(Path(module.__file__).read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    for path in sorted(paths.calibration_dir().glob("*.jsonl")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _unchanged(reads: dict[str, str]) -> bool:
+    if not reads:
+        return False
+    for name, digest in reads.items():
+        try:
+            data = Path(name).read_bytes()
+        except FileNotFoundError:
+            if digest:
+                return False
+            continue
+        if not digest or hashlib.sha256(data).hexdigest() != digest:
+            return False
+    return True
 
 
 def resolution(eval_set: EvalSet, items: list[dict]) -> list[dict]:

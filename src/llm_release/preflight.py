@@ -8,7 +8,7 @@ import socket
 from . import local_source, paths, prometheus
 from .config import ReleaseConfig
 from .errors import ConfigError, MetricsError, RouterError, ServeError
-from .evalsets import calibration_texts, validate
+from .evalsets import validate_cached
 from .evaluate import load_decoding
 from .promote import default_router_port, ensure_no_canary, router_for
 from .quantize import load_calibration_texts
@@ -24,9 +24,8 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
         # A run's local_path only under the operator's roots, every file inside them.
         local_source.checked_folder(config.source.local_path or "")
     load_decoding()
-    calibration = calibration_texts()
     for name in config.evaluation.eval_sets:
-        validate(name, calibration=calibration)
+        validate_cached(name)  # checked again only when a file it read changed
     for candidate in config.candidates:
         if candidate.scheme == "W4A16_AWQ":
             texts = load_calibration_texts(candidate.calibration_set)
