@@ -138,7 +138,9 @@ class FlowActions:
 
     def rollback(self, reason: str) -> None:
         self.logger.error("rolling back %s: %s", self.release_id, reason)
-        promote.rollback(reason=reason)
+        result = promote.rollback(reason=reason)
+        if not result.drain.confirmed_empty:
+            self.logger.error("drain %s: %s", result.drain.outcome, result.drain.detail)
         self._record("rolled back", reason=reason)
         emit_rollback(self.release_id, reason)
 

@@ -41,6 +41,9 @@ class ReleaseSummary(BaseModel):
     candidate: str
     commit: str
     public_name: str
+    drain: promote.DrainResult | None = Field(
+        None, description="rollback: how the server left (outcome 'unknown': not confirmed empty)"
+    )
 
 
 def _summary(release: registry.Release) -> ReleaseSummary:
@@ -87,12 +90,15 @@ def rollback_canary(
     """
     reason = " ".join(reason.split())
     try:
-        old = promote.rollback(drain_timeout_s=drain_timeout_s, reason=reason)
+        result = promote.rollback(drain_timeout_s=drain_timeout_s, reason=reason)
     except ReleaseError as exc:
         raise _one_line(exc) from None
-    get_run_logger().warning("rolled back %s: %s", old.release_id, reason)
-    emit_rollback(old.release_id, reason)
-    return _summary(old)
+    logger = get_run_logger()
+    logger.warning("rolled back %s: %s", result.release_id, reason)
+    if not result.drain.confirmed_empty:
+        logger.error("drain %s: %s", result.drain.outcome, result.drain.detail)
+    emit_rollback(result.release_id, reason)
+    return _summary(result.release).model_copy(update={"drain": result.drain})
 
 
 class EvalOnlyOutcome(BaseModel):

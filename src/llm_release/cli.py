@@ -42,7 +42,12 @@ def _print_status(as_json: bool) -> None:
             print(f"  {walk['reason']}")
 
 
-def cmd_canary(args: argparse.Namespace) -> None:
+# `canary rollback` exit status when the canary's server was stopped without anyone
+# confirming it was empty (an in-flight count unreadable or not 0 at the drain's deadline).
+EXIT_DRAIN_UNCONFIRMED = 3
+
+
+def cmd_canary(args: argparse.Namespace) -> int:
     from . import promote
 
     if args.action == "status":
@@ -51,8 +56,12 @@ def cmd_canary(args: argparse.Namespace) -> None:
         release = promote.promote(drain_timeout_s=args.drain_timeout)
         print(f"promoted {release.release_id}: it is now stable at 100%")
     elif args.action == "rollback":
-        release = promote.rollback(drain_timeout_s=args.drain_timeout)
-        print(f"rolled back {release.release_id}: canary weight 0, its server stopped")
+        result = promote.rollback(drain_timeout_s=args.drain_timeout)
+        print(f"rolled back {result.release_id}: canary weight 0, its server stopped")
+        if not result.drain.confirmed_empty:
+            print(f"warning: drain {result.drain.outcome}: {result.drain.detail}", file=sys.stderr)
+            return EXIT_DRAIN_UNCONFIRMED
+    return 0
 
 
 def cmd_traffic(args: argparse.Namespace) -> int:

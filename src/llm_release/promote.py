@@ -14,8 +14,10 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import requests
+from pydantic import BaseModel, ConfigDict, Field
 
 from . import backends, paths, processes, prometheus, registry, safety
 from .config import ServingConfig
@@ -198,26 +200,60 @@ def deploy(
         return state
 
 
-def running_requests(release: Release) -> float:
-    """In-flight plus queued requests on a vLLM server, from its Prometheus metrics."""
+def running_requests(release: Release, timeout_s: float = 5) -> float | None:
+    """In-flight plus queued requests on a vLLM server, from its Prometheus metrics; None
+    when they cannot be read (no answer, an error status, or no such gauge in the answer):
+    an unreadable count is unknown, never 0."""
     try:
-        text = requests.get(f"http://127.0.0.1:{release.port}/metrics", timeout=5).text
+        response = requests.get(f"http://127.0.0.1:{release.port}/metrics", timeout=timeout_s)
     except requests.RequestException:
-        return 0.0
-    total = 0.0
-    for line in text.splitlines():
+        return None
+    if response.status_code != 200:
+        return None
+    total, seen = 0.0, False
+    for line in response.text.splitlines():
         if re.match(r"vllm:num_requests_(running|waiting)\{", line):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                return None
+            seen = True
+    return total if seen else None
 
 
-def _router_in_flight(router: Router | None, slot: str | None, port: int) -> int:
-    if router is None or slot is None or not router.running():
+def _router_in_flight(router: Router | None, slot: str | None, port: int) -> int | None:
+    """HAProxy's requests in flight on ``slot``; 0 when no HAProxy runs (nothing can be in
+    flight through it); None when one runs but its runtime API does not answer."""
+    if router is None or slot is None or router.pid() is None:
         return 0
     try:
         return router.in_flight(slot, port)
-    except RouterError:
-        return 0  # HAProxy went away: it has nothing in flight to anyone
+    except (RouterError, OSError):
+        return None
+
+
+class DrainResult(BaseModel):
+    """How a server left: ``drained`` (both in-flight counts read 0, or it had exited),
+    ``busy`` (requests still in flight at the deadline) or ``unknown`` (a count could not be
+    read at the deadline: nobody confirmed the server was empty). It is stopped in every
+    case; only ``drained`` means no request was cut."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release_id: str
+    outcome: Literal["drained", "busy", "unknown"]
+    waited_s: float
+    router_in_flight: int | None = Field(description="HAProxy's last count; None: unreadable")
+    server_in_flight: float | None = Field(description="vLLM's last count; None: unreadable")
+    detail: str
+
+    @property
+    def confirmed_empty(self) -> bool:
+        return self.outcome == "drained"
+
+
+def _count(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:g}"
 
 
 def drain_and_stop(
@@ -226,37 +262,68 @@ def drain_and_stop(
     *,
     router: Router | None = None,
     slot: str | None = None,
-) -> bool:
-    """Stop ``release``'s server once nothing is in flight on it; True if it drained.
+) -> DrainResult:
+    """Stop ``release``'s server once nothing is in flight on it, and say how it went.
 
     The caller took it out of the rotation first (``Router.drain``). Nothing in flight
     means HAProxy's sessions on ``slot`` (a request it assigned but vLLM has not seen
     yet) and vLLM's running + waiting requests (also those that came around the router)
-    are both 0. After ``timeout_s`` it is stopped all the same, and that is logged.
+    both read 0. A count that cannot be read is unknown, not 0: the drain waits to its
+    deadline. After ``timeout_s`` the server is stopped all the same, and the result says
+    whether requests were still in flight (``busy``) or nobody could tell (``unknown``).
     """
-    deadline = time.monotonic() + timeout_s
-    while release_alive(release):
+    started = time.monotonic()
+    deadline = started + timeout_s
+    lb: int | None = None
+    vllm: float | None = None
+    while True:
+        if not release_alive(release):
+            outcome, detail = "drained", "its server had already exited"
+            break
         lb = _router_in_flight(router, slot, release.port)
-        vllm = running_requests(release)
+        remaining = deadline - time.monotonic()
+        vllm = running_requests(release, timeout_s=min(5.0, max(0.5, remaining)))
         if lb == 0 and vllm == 0:
+            outcome, detail = "drained", "HAProxy and the server counted no request in flight"
             break
         if time.monotonic() >= deadline:
-            logger.warning(
-                "%s still had requests in flight after %.0f s (HAProxy %d, vLLM %g): "
-                "stopping it all the same",
-                release.release_id,
-                timeout_s,
-                lb,
-                vllm,
-            )
-            stop_release(release)
-            return False
+            outcome = "unknown" if lb is None or vllm is None else "busy"
+            counts = f"HAProxy {_count(lb)}, server {_count(vllm)}"
+            if outcome == "unknown":
+                detail = (
+                    f"could not confirm an empty server in {timeout_s:.0f} s ({counts}): "
+                    "stopped without knowing whether requests were cut"
+                )
+            else:
+                detail = f"requests still in flight after {timeout_s:.0f} s ({counts})"
+            logger.warning("%s: %s; stopping it all the same", release.release_id, detail)
+            break
         time.sleep(DRAIN_POLL_S)
     stop_release(release)
-    return True
+    return DrainResult(
+        release_id=release.release_id,
+        outcome=outcome,
+        waited_s=round(time.monotonic() - started, 2),
+        router_in_flight=lb,
+        server_in_flight=vllm,
+        detail=detail,
+    )
 
 
-def rollback(drain_timeout_s: float = 120, reason: str | None = None) -> Release:
+class RollbackResult(BaseModel):
+    """The rolled-back release and how its server left (``drain.confirmed_empty``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release: Release
+    drain: DrainResult
+
+    @property
+    def release_id(self) -> str:
+        return self.release.release_id
+
+
+def rollback(drain_timeout_s: float = 120, reason: str | None = None) -> RollbackResult:
     with registry.locked() as state:
         if state.canary is None:
             raise StateError(
@@ -275,14 +342,18 @@ def rollback(drain_timeout_s: float = 120, reason: str | None = None) -> Release
         state.canary_weight = 0
         state.log("rollback", release=canary.release_id, reason=reason or "by hand")
         _follow_metrics(state, router)
-    drain_and_stop(canary, drain_timeout_s, router=router, slot="canary")
+    drain = drain_and_stop(canary, drain_timeout_s, router=router, slot="canary")
     # The slot is parked under the lock, and only while no new canary took it: a release
     # deployed during the drain owns the slot now, and HAProxy must agree with the registry.
     with registry.locked() as state:
+        if not drain.confirmed_empty:
+            state.log(
+                "drain", release=canary.release_id, outcome=drain.outcome, detail=drain.detail
+            )
         router = router_for(state)
         if state.canary is None and router.running():
             router.set_target("canary", None)
-    return canary
+    return RollbackResult(release=canary, drain=drain)
 
 
 def promote(drain_timeout_s: float = 120) -> Release:
@@ -305,12 +376,15 @@ def promote(drain_timeout_s: float = 120) -> Release:
         state.stable, state.canary, state.canary_weight = new, None, 0
         state.log("promote", release=new.release_id, replaced=old.release_id if old else None)
         _follow_metrics(state, router)
+    drain = None
     if old is not None:
-        drain_and_stop(old, drain_timeout_s, router=router, slot="stable")
+        drain = drain_and_stop(old, drain_timeout_s, router=router, slot="stable")
     # Then the slots are made to agree with the registry (stable slot -> the new release
     # before the canary slot is parked, so some server is always in the rotation), under
     # the lock: a release deployed during the drain owns the canary slot.
     with registry.locked() as state:
+        if drain is not None and not drain.confirmed_empty:
+            state.log("drain", release=drain.release_id, outcome=drain.outcome, detail=drain.detail)
         router = router_for(state)
         if router.running():
             _apply(router, state)
