@@ -30,12 +30,32 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: Path) -> None:
+    plt = _pyplot()
+    try:
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+
+
 def load_plot(results: list[CandidateResult], path: Path, ttft_slo_s: float | None = None) -> bool:
     """TTFT p95 (s) and output tokens/s against concurrency, one line per candidate with
     load levels; False when no candidate has any."""
+    fig = load_figure(results, ttft_slo_s)
+    if fig is None:
+        return False
+    _save(fig, path)
+    return True
+
+
+def load_figure(results: list[CandidateResult], ttft_slo_s: float | None = None):
+    """The load plot's matplotlib Figure (axes: TTFT p95, output throughput), or None when
+    no candidate has load levels. The caller saves and closes it."""
     measured = [r for r in results if r.load and r.load.levels]
     if not measured:
-        return False
+        return None
     plt = _pyplot()
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
@@ -62,20 +82,28 @@ def load_plot(results: list[CandidateResult], path: Path, ttft_slo_s: float | No
             ax.xaxis.set_minor_formatter(NullFormatter())
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize="small")
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
+    except BaseException:
         plt.close(fig)
-    return True
+        raise
+    return fig
 
 
 def pareto_plot(name: str, tuning: TuneResult, path: Path) -> bool:
     """Every measured (setting, level) of a tuning: output tokens/s against TTFT p95, the
     Pareto front joined, the chosen setting's points marked; False when nothing measured."""
+    fig = pareto_figure(name, tuning)
+    if fig is None:
+        return False
+    _save(fig, path)
+    return True
+
+
+def pareto_figure(name: str, tuning: TuneResult):
+    """The tuning plot's matplotlib Figure, or None when nothing was measured; the caller
+    saves and closes it."""
     points = [(t.setting, lv) for t in tuning.trials for lv in t.levels if lv.requests]
     if not points:
-        return False
+        return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=PARETO_SIZE, dpi=DPI)
     try:
@@ -111,12 +139,10 @@ def pareto_plot(name: str, tuning: TuneResult, path: Path) -> bool:
         ax.set_ylabel("output tokens/s")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
-        fig.tight_layout()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png")
-    finally:
+    except BaseException:
         plt.close(fig)
-    return True
+        raise
+    return fig
 
 
 def write_plots(

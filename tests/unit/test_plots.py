@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from llm_release.plots import write_plots
+from llm_release.plots import load_figure, pareto_figure, write_plots
 from llm_release.report import tuning_section, with_plots
 from llm_release.results import (
     CandidateResult,
@@ -43,7 +43,7 @@ def levels(slowdown: float) -> list[LoadLevel]:
     ]
 
 
-def test_load_and_pareto_plots_are_pngs_linked_from_the_report(tmp_path) -> None:
+def tuning_and_results() -> tuple[TuneResult, list[CandidateResult]]:
     chosen = Setting(max_num_seqs=8)
     tuning = TuneResult(
         strategy="coordinate",
@@ -76,6 +76,93 @@ def test_load_and_pareto_plots_are_pngs_linked_from_the_report(tmp_path) -> None
         ),
         CandidateResult(name="w4a16", scheme="W4A16_AWQ", status="skipped"),
     ]
+    return tuning, results
+
+
+def lines_by_label(ax) -> dict[str, tuple[list[float], list[float]]]:
+    return {
+        line.get_label(): (
+            [float(x) for x in line.get_xdata()],
+            [float(y) for y in line.get_ydata()],
+        )
+        for line in ax.get_lines()
+    }
+
+
+def test_the_load_plot_draws_each_candidates_measured_levels_and_the_slo() -> None:
+    import matplotlib.pyplot as plt
+
+    _, results = tuning_and_results()
+    fig = load_figure(results, ttft_slo_s=3.0)
+    try:
+        ttft, tput = fig.axes
+        drawn_ttft, drawn_tput = lines_by_label(ttft), lines_by_label(tput)
+        # One line per measured candidate (the skipped one has none), plus the SLO.
+        assert set(drawn_ttft) == {"baseline", "fp8-dynamic", "SLO"}
+        assert set(drawn_tput) == {"baseline", "fp8-dynamic"}
+        for r in results[:2]:
+            xs = [float(lv.concurrency) for lv in r.load.levels]
+            assert drawn_ttft[r.name] == (xs, [lv.ttft_p95_ms / 1000 for lv in r.load.levels])
+            assert drawn_tput[r.name] == (xs, [lv.output_tokens_per_s for lv in r.load.levels])
+        # fp8 at 3x slowdown: TTFT p95 at concurrency 8 is 12 s, a third of the throughput.
+        assert drawn_ttft["fp8-dynamic"][1] == [1.5, 6.0, 12.0]
+        assert drawn_tput["fp8-dynamic"][1] == [20 / 3, 80 / 3, 160 / 3]
+        assert drawn_ttft["SLO"][1] == [3.0, 3.0]
+        assert [float(t) for t in ttft.get_xticks()] == [1.0, 4.0, 8.0]
+        assert (ttft.get_title(), tput.get_title()) == ("TTFT p95", "Output throughput")
+    finally:
+        plt.close(fig)
+    assert load_figure([results[2]]) is None
+
+
+def test_the_tuning_plot_draws_every_measured_point_the_front_and_the_choice() -> None:
+    import matplotlib.pyplot as plt
+
+    tuning, _ = tuning_and_results()
+    fig = pareto_figure("baseline", tuning)
+    try:
+        (ax,) = fig.axes
+        measured, chosen = (c.get_offsets().tolist() for c in ax.collections)
+        points = [
+            [lv.ttft_p95_ms / 1000, lv.output_tokens_per_s]
+            for t in tuning.trials
+            for lv in t.levels
+        ]
+        assert measured == points  # 3 levels of the chosen setting, 1 of the other
+        assert chosen == points[:3]
+        front = lines_by_label(ax)["Pareto front"]
+        assert front == (
+            [lv.ttft_p95_ms / 1000 for _, lv in tuning.pareto()],
+            [lv.output_tokens_per_s for _, lv in tuning.pareto()],
+        )
+        slo = [line for line in ax.get_lines() if line.get_label() != "Pareto front"]
+        assert [float(x) for x in slo[0].get_xdata()] == [3.0, 3.0]
+    finally:
+        plt.close(fig)
+
+
+def test_the_saved_png_is_the_drawn_figure(tmp_path) -> None:
+    import matplotlib.image as mpimg
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    _, results = tuning_and_results()
+    plots = write_plots(tmp_path, results, ttft_slo_s=3.0)
+    saved = mpimg.imread(plots["TTFT p95 and output tokens/s against concurrency"])
+    fig = load_figure(results, ttft_slo_s=3.0)
+    try:
+        fig.tight_layout()
+        fig.canvas.draw()
+        drawn = np.asarray(fig.canvas.buffer_rgba(), dtype=np.float32) / 255
+    finally:
+        plt.close(fig)
+    assert saved.shape == drawn.shape == (400, 1000, 4)
+    assert np.abs(saved - drawn).max() < 1 / 255 + 1e-6
+
+
+def test_load_and_pareto_plots_are_pngs_linked_from_the_report(tmp_path) -> None:
+    tuning, results = tuning_and_results()
+    chosen = tuning.chosen
     plots = write_plots(tmp_path, results, ttft_slo_s=3.0)
     assert len(plots) == 2
     load_png, tune_png = plots.values()
