@@ -7,6 +7,19 @@ from pathlib import Path
 TINY_REPO = "tests/tiny-llama"
 
 
+def require_tool(name: str) -> str:
+    """The path of a command-line tool a test needs (promtool, prometheus, haproxy…); a
+    missing one fails the test, never skips it: 'make setup' installs them all."""
+    import shutil
+
+    import pytest
+
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed: 'make setup' installs it", pytrace=False)
+    return path
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
     """SIGTERM a process group a test started, SIGKILL it after ``grace_s``: a Prefect worker
     that gets SIGTERM while a flow run is ending can outlive any grace period (CI,

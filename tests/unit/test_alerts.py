@@ -1,7 +1,6 @@
 """Alert rules through the real promtool: they load, they fire for the service they name
 (and only for it) whatever its name, and a rule file promtool refuses is never installed."""
 
-import shutil
 import subprocess
 
 import pytest
@@ -11,10 +10,13 @@ from llm_release.alerts import install_rules, render_rules
 from llm_release.analysis import load_queries, promql_string_content, render_query
 from llm_release.errors import AlertRulesError
 from llm_release.prometheus import Prometheus
+from tests.helpers import require_tool
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("promtool") is None, reason="promtool comes with 'make setup' (prometheus)"
-)
+
+@pytest.fixture(autouse=True)
+def _promtool():
+    require_tool("promtool")  # a missing promtool fails these tests; 'make setup' installs it
+
 
 HOSTILE = 'x"} or vector(1) or up{a="{{ $value }}" \\'
 

@@ -2,15 +2,14 @@
 the release registry with the labels the analysis selects on."""
 
 import json
-import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from llm_release.config import ServingConfig
 from llm_release.prometheus import Prometheus, render_config, render_targets
 from llm_release.registry import RegistryState, Release
+from tests.helpers import require_tool
 
 
 def release(name: str, port: int) -> Release:
@@ -58,8 +57,8 @@ def test_targets_follow_the_registry():
     assert render_targets(RegistryState(), 9101) == ([], [])
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool comes with 'make setup'")
 def test_the_config_passes_promtool(tmp_path):
+    require_tool("promtool")  # a missing promtool fails; 'make setup' installs it
     prometheus = Prometheus(tmp_path, port=1, scrape_interval_s=5)
     prometheus.targets_dir.mkdir()
     state = RegistryState(stable=release("baseline", 8001), canary=release("fp8", 8002))
