@@ -79,6 +79,9 @@ worker-up: prefect-up
 
 # The demo's runs go through the deployments and the worker, as a run from the UI does, so
 # they are the runs a user later finds under Deployments; the worker's log is shown live.
+# They pass the demo profile explicitly (configs/demo.json, configs/demo-update.json:
+# approvals given by the config) so the demo runs unattended; the deployments' own
+# defaults (profile cpu_host) ask a person.
 DEMO_RUN = PREFECT_API_URL=$(PREFECT_API) $(PY) -m
 demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	@start=$$(date +%s); \

@@ -280,14 +280,32 @@ def deployed(control, worker) -> dict:
 def test_deploy_all_gives_every_action_a_typed_form(deployed):
     deployments = deployed
     assert set(deployments) == DEPLOYMENTS
-    # The forms' defaults are the named profiles: on this CPU host, the demo's settings.
+    # The forms' defaults are the named profiles: on this CPU host, the CPU host's settings
+    # (configs/cpu-host.json), which ask a person; the demo's file is the same settings with
+    # the approvals given by the config (what `make demo` passes explicitly).
     from llm_release.config import ReleaseConfig
 
+    host = json.loads((ROOT / "configs" / "cpu-host.json").read_text())
     demo = json.loads((ROOT / "configs" / "demo.json").read_text())
     for name in ("release", "model-update"):
         defaults = dict(deployments[name].parameters["config"])
         assert defaults.pop("source")["repo_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-        assert defaults == demo, name
+        assert defaults == host, name
+    assert demo.pop("review") == {"auto": "approve"}
+    assert {k: demo["rollout"].pop(k) for k in ("approval", "approval_timeout_s")} == {
+        "approval": "approve",
+        "approval_timeout_s": 300,
+    }
+    assert {k: host["rollout"].pop(k) for k in ("approval", "approval_timeout_s")} == {
+        "approval": "ask",
+        "approval_timeout_s": 3600,
+    }
+    assert demo == host
+    # No deployment approves by itself: an inconclusive gate and the step to 100% wait for
+    # a person (no answer in time rejects, or rolls back).
+    for name in ("release", "model-update", "release-gpu"):
+        config = ReleaseConfig.model_validate(deployments[name].parameters["config"])
+        assert config.review.auto is None and config.rollout.approval == "ask", name
     # The nightly schedule is deployed paused: nothing runs on a host until someone says so.
     assert [(s.schedule.cron, s.active) for s in deployments["model-update"].schedules] == [
         ("0 2 * * *", False)
