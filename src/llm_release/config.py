@@ -5,10 +5,20 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .credentials import check_endpoint
 from .safety import SET_NAME
+from .serving_flags import check_serving_args
+
+__all__ = ["check_serving_args"]  # re-exported: llm_release.serving_flags has the list
 
 REPO_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*"
 
@@ -105,7 +115,9 @@ class CandidateConfig(StrictModel):
     num_calibration_samples: int = Field(64, ge=1)
     max_seq_length: int = Field(256, ge=16)
     extra_serving_args: list[str] = Field(
-        default_factory=list, description="vLLM arguments for this candidate only"
+        default_factory=list,
+        description="vLLM tuning flags for this candidate only, from the allow-list of "
+        "llm_release.serving_flags (README, Security)",
     )
 
     @field_validator("calibration_set")
@@ -150,24 +162,18 @@ class ServingConfig(StrictModel):
         description="before quantizing, check with a tiny model that the serving runtime can "
         "serve each candidate's scheme on this host (cached per host and runtime version)",
     )
-    extra_args: list[str] = Field(default_factory=list, description="passed to vLLM verbatim")
-    startup_timeout_s: float = Field(900, gt=0)
-    allow_unsafe_serving_args: bool = Field(
-        False,
-        description="allow extra_args / extra_serving_args that change where vLLM listens, "
-        "what code it trusts or which model it loads (see README, Security)",
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="vLLM tuning flags beyond the fields here, from the allow-list of "
+        "llm_release.serving_flags (e.g. --max-num-batched-tokens 512); anything else is "
+        "refused (README, Security)",
     )
+    startup_timeout_s: float = Field(900, gt=0)
     # Where vLLM runs. Both backends build the same vLLM arguments from the fields below.
     backend: Literal["process", "docker"] = Field(
         "process",
         description="process: a vLLM process in the serving virtualenv (the embedded "
         "default); docker: one container per candidate or release through the Docker SDK",
-    )
-    image: str = Field(
-        "auto",
-        description="the docker backend's image. auto: the official vLLM OpenAI server image "
-        "at the pinned tag on a GPU host, the locally built vLLM CPU image "
-        "('llm-release image build') elsewhere; or any image reference present on the host",
     )
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size")
     enable_expert_parallel: bool = Field(
@@ -182,28 +188,44 @@ class ServingConfig(StrictModel):
         "all, a count of free GPUs, or a list of GPU indices; never GPUs another running "
         "server of this project holds",
     )
-    shm_size_gib: float = Field(
-        4.0, gt=0, description="the container's /dev/shm (PyTorch shares tensors between ranks)"
-    )
-    ipc_host: bool = Field(
-        False,
-        description="the container shares the host's IPC namespace instead of its own "
-        "shm_size_gib /dev/shm (vLLM's docs offer either for tensor parallelism)",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_host_options(cls, data: object, info: ValidationInfo) -> object:
+        # The container's image, shared memory and IPC namespace are the operator's
+        # (LLM_RELEASE_DOCKER_*), never a run's; records written before they moved still load.
+        if not isinstance(data, dict):
+            return data
+        moved = [k for k in HOST_OPTIONS if k in data]
+        if moved and _stored(info):
+            return {k: v for k, v in data.items() if k not in HOST_OPTIONS}
+        if moved:
+            key = moved[0]
+            raise ValueError(f"serving.{key}: {HOST_OPTIONS[key]}")
+        return data
 
     @model_validator(mode="after")
-    def _safe_extra_args(self) -> ServingConfig:
-        if not self.allow_unsafe_serving_args:
-            check_serving_args(self.extra_args, "serving.extra_args")
+    def _allowed_extra_args(self, info: ValidationInfo) -> ServingConfig:
+        if not _stored(info):
+            self.check_args(self.extra_args, "serving.extra_args")
         return self
+
+    def check_args(self, args: list[str], where: str) -> None:
+        """ValueError (one line) unless ``args`` are allowed tuning flags with valid values
+        that no typed field here sets as well (vLLM would keep one of the two silently)."""
+        pairs = check_serving_args(args, where)
+        typed = {
+            "--tensor-parallel-size": ("tensor_parallel_size", self.tensor_parallel_size != 1),
+            "--enable-expert-parallel": ("enable_expert_parallel", self.enable_expert_parallel),
+            "--kv-cache-dtype": ("kv_cache_dtype", self.kv_cache_dtype != "auto"),
+        }
+        for flag, _ in pairs:
+            field, is_set = typed.get(flag, ("", False))
+            if is_set:
+                raise ValueError(f"{where} sets {flag} and serving.{field} sets it too: keep one")
 
     @model_validator(mode="after")
     def _parallel_settings(self) -> ServingConfig:
-        if self.image != "auto" and not re.fullmatch(IMAGE_REF, self.image):
-            raise ValueError(
-                f"serving.image {self.image[:100]!r} is not an image reference "
-                "(e.g. vllm/vllm-openai:v0.32.0 or registry:5000/team/vllm@sha256:…)"
-            )
         if isinstance(self.gpus, list):
             if not self.gpus or len(set(self.gpus)) != len(self.gpus) or min(self.gpus) < 0:
                 raise ValueError("serving.gpus: a list of distinct GPU indices (0, 1, …)")
@@ -213,21 +235,6 @@ class ServingConfig(StrictModel):
                 f"serving.gpus gives {wanted} GPU(s), fewer than tensor_parallel_size "
                 f"{self.tensor_parallel_size} (one GPU per tensor-parallel rank)"
             )
-        # One source per setting: a typed field and the same flag in extra_args would
-        # disagree silently (vLLM keeps the last one).
-        typed = {
-            "--tensor-parallel-size": self.tensor_parallel_size != 1,
-            "--enable-expert-parallel": self.enable_expert_parallel,
-            "--kv-cache-dtype": self.kv_cache_dtype != "auto",
-        }
-        for arg in self.extra_args:
-            flag = arg.split("=", 1)[0].replace("_", "-")
-            flag = "--tensor-parallel-size" if flag == "-tp" else flag
-            if typed.get(flag):
-                field = flag[2:].replace("-", "_")
-                raise ValueError(
-                    f"serving.extra_args sets {flag} and serving.{field} sets it too: keep one"
-                )
         return self
 
     def parallel_args(self) -> list[str]:
@@ -243,79 +250,25 @@ class ServingConfig(StrictModel):
         return args
 
 
-# An image reference: [registry[:port]/]name[:tag][@sha256:digest], no spaces or options.
-IMAGE_REF = (
-    r"[a-z0-9][a-z0-9.-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
-)
-
-
-# vLLM arguments the pipeline sets itself or never wants from a parameter: they would
-# re-bind the server (e.g. to 0.0.0.0), make it run code from the model repo or a plugin,
-# or serve a different model than the one that was verified.
-UNSAFE_SERVING_ARGS = {
-    "changes where the server listens": (
-        "--host",
-        "--port",
-        "--uds",
-        "--headless",
-        "--api-server-count",
-        "--data-parallel-address",
-        "--data-parallel-rpc-port",
-        "--allowed-origins",
-        "--allow-credentials",
-        "--ssl-keyfile",
-        "--ssl-certfile",
-        "--root-path",
-    ),
-    "changes what code the server trusts": (
-        "--trust-remote-code",
-        "--allowed-local-media-path",
-        "--allowed-media-domains",
-        "--tool-parser-plugin",
-        "--reasoning-parser-plugin",
-        "--middleware",
-        "--logits-processors",
-        "--worker-cls",
-        "--worker-extension-cls",
-        "--config",
-        "--chat-template",
-        "--hf-overrides",
-        "--code-revision",
-    ),
-    "changes which model the server loads": (
-        "--model",
-        "--tokenizer",
-        "--served-model-name",
-        "--download-dir",
-        "--revision",
-        "--tokenizer-revision",
-        "--load-format",
-        "--model-loader-extra-config",
-        "--model-impl",
-        "--speculative-config",
-        "--lora-modules",
-        "--enable-lora",
-    ),
+# Host options that moved to the operator's settings, with where they are now.
+HOST_OPTIONS = {
+    "image": "the container image is the operator's setting: set LLM_RELEASE_DOCKER_IMAGE "
+    "in the worker's environment (default auto)",
+    "shm_size_gib": "the container's /dev/shm is the operator's setting: set "
+    "LLM_RELEASE_DOCKER_SHM_GIB in the worker's environment (default 4)",
+    "ipc_host": "sharing the host's IPC namespace is the operator's setting: set "
+    "LLM_RELEASE_DOCKER_IPC_HOST=1 in the worker's environment",
+    "allow_unsafe_serving_args": "removed: serving flags come from an allow-list; the "
+    "operator adds flags with LLM_RELEASE_ALLOW_SERVING_FLAGS",
 }
 
+# Validation context of records the pipeline wrote itself (the release registry): they
+# load as written, though their settings predate today's rules.
+STORED = {"stored": True}
 
-def check_serving_args(args: list[str], where: str) -> None:
-    """ValueError on the first argument in ``UNSAFE_SERVING_ARGS``.
 
-    vLLM's parser accepts '_' for '-', '--flag=value' and unambiguous prefixes
-    ('--trust-remote'), so each flag is normalised and matched as a prefix too.
-    """
-    for arg in args:
-        if not arg.startswith("--"):
-            continue
-        flag = "--" + arg[2:].split("=", 1)[0].replace("_", "-").lower()
-        for reason, unsafe in UNSAFE_SERVING_ARGS.items():
-            if len(flag) > 3 and any(u == flag or u.startswith(flag) for u in unsafe):
-                raise ValueError(
-                    f"{where}: {arg.split('=', 1)[0]!r} {reason}; the pipeline sets it itself. "
-                    "Remove it, or set serving.allow_unsafe_serving_args: true if you mean it"
-                )
+def _stored(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("stored"))
 
 
 class TuneConfig(StrictModel):
@@ -667,11 +620,13 @@ class ReleaseConfig(StrictModel):
         return self.public_name or self.source.repo_id.split("/")[-1]
 
     @model_validator(mode="after")
-    def _safe_candidate_args(self) -> ReleaseConfig:
-        # Each candidate's arguments join serving.extra_args; the same flag allows both.
-        if not self.serving.allow_unsafe_serving_args:
-            for c in self.candidates:
-                check_serving_args(c.extra_serving_args, f"candidates[{c.name}].extra_serving_args")
+    def _allowed_candidate_args(self) -> ReleaseConfig:
+        # Each candidate's arguments join serving.extra_args: the same allow-list, and no
+        # flag that a typed serving field sets too.
+        for c in self.candidates:
+            self.serving.check_args(
+                c.extra_serving_args, f"candidates[{c.name}].extra_serving_args"
+            )
         return self
 
     @model_validator(mode="after")

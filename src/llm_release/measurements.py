@@ -73,6 +73,11 @@ def fingerprint(
         },
         "host": host.host.key(),
     }
+    if serving.backend == "docker":
+        from .backends.docker import host_settings
+
+        # The operator's image, shared memory and IPC namespace (LLM_RELEASE_DOCKER_*).
+        parts["docker"] = host_settings().model_dump()
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 

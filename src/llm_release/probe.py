@@ -213,8 +213,13 @@ def probe_scheme(
     from .serve import Owner, diagnose, make_server
 
     backend = {"backend": "process"}
+    host_options: list[dict] = []
     if where is not None and where.backend == "docker":
-        backend = where.model_dump(include={"backend", "image", "shm_size_gib", "ipc_host"})
+        from .backends.docker import host_settings
+
+        backend = {"backend": "docker"}
+        # The operator's image and shared memory (LLM_RELEASE_DOCKER_*) key the cache too.
+        host_options = [host_settings().model_dump()]
 
     recipe = {
         "scheme": candidate.scheme,
@@ -230,7 +235,7 @@ def probe_scheme(
         recipe,
         version("llmcompressor"),
         version("compressed-tensors"),
-        *([backend] if backend["backend"] != "process" else []),
+        *([backend | host_options[0]] if host_options else []),
         *([family] if family != "dense" else []),
     )[:16]
     cache = paths.probes_dir() / f"scheme-{key}.json"

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import paths
-from .config import ServingConfig
+from .config import STORED, ServingConfig
 from .errors import StateError
 from .fileio import atomic_write_text
 
@@ -91,7 +91,8 @@ def load() -> RegistryState:
     if not path.exists():
         return RegistryState()
     try:
-        return RegistryState.model_validate_json(path.read_bytes())
+        # Records the pipeline wrote: they load under the rules they were written with.
+        return RegistryState.model_validate_json(path.read_bytes(), context=STORED)
     except (ValidationError, ValueError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise StateError(

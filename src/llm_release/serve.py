@@ -27,6 +27,7 @@ from . import hardware, paths, processes
 from .config import ServingConfig
 from .credentials import child_env
 from .errors import ConfigError, ServeError
+from .serving_flags import check_serving_args
 
 LOG_TAIL_LINES = 40
 
@@ -157,7 +158,8 @@ def vllm_args(
     cuda: bool,
 ) -> list[str]:
     """vLLM's arguments, the same for both backends (a container listens on its own
-    network namespace's address, published on the host's 127.0.0.1 only)."""
+    address on the project's isolated network, published on the host's 127.0.0.1 only).
+    ``serving.extra_args`` pass only through the allow-list (ConfigError otherwise)."""
     cmd = [
         "--model",
         str(model_dir),
@@ -183,6 +185,15 @@ def vllm_args(
     if cuda:
         cmd += ["--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
     cmd += serving.parallel_args()
+    # Checked again where both backends build the command: settings changed after
+    # validation (a candidate's arguments joined, a tuning setting applied) pass the same
+    # allow-list (llm_release.serving_flags) before they reach vLLM.
+    try:
+        check_serving_args(serving.extra_args, "serving.extra_args")
+    except ValueError as exc:
+        raise ConfigError(
+            str(exc), hint="remove the flag, or ask the operator to allow it"
+        ) from None
     cmd += serving.extra_args
     return cmd
 

@@ -83,10 +83,16 @@ def prefect_artifacts(flow_run_id) -> dict:
     return {a.key: a for a in asyncio.run(read())}
 
 
-def test_release_end_to_end(prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path):
+def test_release_end_to_end(
+    prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path, monkeypatch
+):
     from flows.release import release
     from llm_release.config import ReleaseConfig
     from llm_release.serve import free_port
+
+    # The broken candidate's flag, unknown to vLLM, passes the allow-list only as the
+    # operator's addition (a run form cannot add flags).
+    monkeypatch.setenv("LLM_RELEASE_ALLOW_SERVING_FLAGS", "--no-such-vllm-flag")
 
     router_port = free_port()
     final = release(

@@ -9,14 +9,27 @@ containers.
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from llm_release import image
-from llm_release.backends.docker import PROJECT, client, docker_available, label
+from llm_release.backends.docker import (
+    CONTAINER_PORT,
+    HOSTNAME,
+    NETWORK,
+    PROJECT,
+    HostSettings,
+    client,
+    container_spec,
+    docker_available,
+    ensure_network,
+    label,
+)
 from llm_release.candidate import measure
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
+from llm_release.serve import Owner, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker]
 
@@ -42,8 +55,10 @@ SERVING = ServingConfig(
 
 
 def test_a_container_whose_vllm_cannot_start_fails_with_its_log_tail(
-    cpu_image, home, tiny_model_dir, tmp_path
+    cpu_image, home, tiny_model_dir, tmp_path, monkeypatch
 ):
+    # A flag vLLM does not know gets past the allow-list only as the operator's addition.
+    monkeypatch.setenv("LLM_RELEASE_ALLOW_SERVING_FLAGS", "--no-such-vllm-flag")
     result = measure(
         name="broken",
         scheme="FP8_DYNAMIC",
@@ -110,6 +125,89 @@ def test_sweeps_remove_this_homes_leftovers_and_nothing_else(cpu_image, home):
             assert untouched.status == "running", f"{untouched.name} was not ours to stop"
     finally:
         for container in (stranger, other_home, orphan, live, canary):
+            try:
+                container.remove(force=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+def test_a_containers_server_is_reached_from_the_hosts_loopback_only(cpu_image, home, tmp_path):
+    """The container our spec makes, with a plain HTTP server in vLLM's place (bound as
+    vLLM is, to the container's hostname): the host reaches it on 127.0.0.1 through the
+    published port; neither a container on the daemon's default bridge nor one on the
+    project's own network reaches it, nor does the container's own loopback."""
+    import requests
+
+    docker = client()
+    base = image.base_tag()
+    ensure_network(docker)
+    ensure_network(docker)  # once per daemon: the second call finds it
+    assert len(docker.networks.list(names=[NETWORK])) == 1
+    port = free_port()
+    spec = container_spec(
+        image=base,
+        model_dir=tmp_path,
+        served_names=["m"],
+        serving=ServingConfig(backend="docker"),
+        port=port,
+        owner=Owner(run_id="it-net"),
+        gpu_ids=None,
+        gpu_host=False,
+        home=home,
+        host=HostSettings(),
+    )
+    server_cmd = ["python3", "-m", "http.server", "--bind", HOSTNAME, str(CONTAINER_PORT)]
+    spec |= {"entrypoint": server_cmd, "command": []}
+    server = docker.containers.run(**spec)
+    probes = []
+
+    def reach(url: str, network: str) -> int:
+        code = "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=3)"
+        probe = docker.containers.run(
+            base, ["python3", "-c", code, url], network=network, detach=True, init=True
+        )
+        probes.append(probe)
+        return int(probe.wait(timeout=60)["StatusCode"])
+
+    try:
+        for _ in range(60):
+            try:
+                answer = requests.get(f"http://127.0.0.1:{port}/", timeout=2)
+                break
+            except requests.RequestException:
+                time.sleep(0.5)
+        else:
+            pytest.fail(f"the published port 127.0.0.1:{port} never answered")
+        assert answer.status_code == 200
+        server.reload()
+        address = server.attrs["NetworkSettings"]["Networks"][NETWORK]["IPAddress"]
+        assert address, server.attrs["NetworkSettings"]["Networks"]
+        url = f"http://{address}:{CONTAINER_PORT}/"
+        # The probe works: the same server on the default bridge is reached from it.
+        control = docker.containers.run(
+            base,
+            ["python3", "-m", "http.server", str(CONTAINER_PORT)],
+            network="bridge",
+            detach=True,
+            init=True,
+        )
+        probes.append(control)
+        control.reload()
+        open_url = f"http://{control.attrs['NetworkSettings']['IPAddress']}:{CONTAINER_PORT}/"
+        assert any(reach(open_url, "bridge") == 0 for _ in range(10)), "the probe never worked"
+        assert reach(url, "bridge") != 0, "a container on the default bridge reached it"
+        assert reach(url, NETWORK) != 0, "a container on the project's network reached it"
+        inside = server.exec_run(
+            [
+                "python3",
+                "-c",
+                "import urllib.request; urllib.request.urlopen("
+                f"'http://127.0.0.1:{CONTAINER_PORT}/', timeout=3)",
+            ]
+        )
+        assert inside.exit_code != 0, "the server listens on the container's loopback too"
+    finally:
+        for container in [server, *probes]:
             try:
                 container.remove(force=True)
             except Exception:  # noqa: BLE001 - already gone

@@ -78,19 +78,16 @@ def test_the_demo_config_is_valid_release_parameters():
         ["--host", "0.0.0.0"],
         ["--host=0.0.0.0"],
         ["--port", "80"],
-        ["--uds", "/tmp/x.sock"],
         ["--trust-remote-code"],
         ["--trust_remote_code"],
         ["--trust-remote"],
-        ["--allowed-local-media-path", "/"],
         ["--model", "/other"],
-        ["--served-model-name", "gpt-4"],
-        ["--download-dir=/tmp"],
         ["--seed", "1", "--TOKENIZER", "x"],
     ],
 )
-def test_serving_args_that_rebind_trust_code_or_swap_the_model_are_refused(args):
-    with pytest.raises(ValidationError, match="allow_unsafe_serving_args") as info:
+def test_serving_args_outside_the_allow_list_are_refused_and_no_parameter_lifts_it(args):
+    # The list and its spellings: tests/unit/test_serving_flags.py.
+    with pytest.raises(ValidationError, match="not a vLLM flag a release may set") as info:
         ServingConfig(extra_args=args)
     assert len(str(info.value.errors()[0]["msg"]).splitlines()) == 1
     with pytest.raises(ValidationError, match="extra_serving_args"):
@@ -100,20 +97,31 @@ def test_serving_args_that_rebind_trust_code_or_swap_the_model_are_refused(args)
                 "candidates": [{"name": "x", "scheme": "FP8_DYNAMIC", "extra_serving_args": args}],
             }
         )
-    allowed = ServingConfig(extra_args=args, allow_unsafe_serving_args=True)
-    assert allowed.extra_args == args
-    ReleaseConfig.model_validate(
-        {
-            "source": {"repo_id": "a/b"},
-            "serving": {"allow_unsafe_serving_args": True},
-            "candidates": [{"name": "x", "scheme": "FP8_DYNAMIC", "extra_serving_args": args}],
-        }
-    )
+    # The run form's old way around it is gone: it says where the choice went.
+    with pytest.raises(ValidationError, match="LLM_RELEASE_ALLOW_SERVING_FLAGS"):
+        ReleaseConfig.model_validate(
+            {"source": {"repo_id": "a/b"}, "serving": {"allow_unsafe_serving_args": True}}
+        )
 
 
 def test_ordinary_serving_args_pass():
-    args = ["--seed", "7", "--kv-cache-dtype", "fp8", "--max-model-len=512", "--no-such-vllm-flag"]
+    args = ["--seed", "7", "--kv-cache-dtype", "fp8", "--max-num-batched-tokens=512"]
     assert ServingConfig(extra_args=args).extra_args == args
+
+
+@pytest.mark.parametrize(
+    ("serving", "variable"),
+    [
+        ({"backend": "docker", "ipc_host": True}, "LLM_RELEASE_DOCKER_IPC_HOST"),
+        ({"backend": "docker", "shm_size_gib": 100000}, "LLM_RELEASE_DOCKER_SHM_GIB"),
+        ({"image": "attacker.example/vllm:latest"}, "LLM_RELEASE_DOCKER_IMAGE"),
+    ],
+)
+def test_host_options_in_a_run_form_are_refused_and_name_the_operator_setting(serving, variable):
+    with pytest.raises(ValidationError) as info:
+        ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}, "serving": serving})
+    message = str(info.value.errors()[0]["msg"])
+    assert variable in message and "operator" in message and len(message.splitlines()) == 1
 
 
 def test_evaluation_fills_the_candidate_servers_batch_but_not_the_live_stables():

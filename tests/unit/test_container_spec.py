@@ -20,12 +20,18 @@ from pydantic import ValidationError
 from llm_release import gpus, image, registry
 from llm_release.backends.docker import (
     CONTAINER_PORT,
+    HOSTNAME,
+    MAX_SHM_GIB,
+    NETWORK,
+    HostSettings,
     container_spec,
+    host_settings,
     is_leftover,
     label,
+    resolve_image,
 )
 from llm_release.config import ServingConfig
-from llm_release.errors import ServeError
+from llm_release.errors import ConfigError, ServeError
 from llm_release.planner import request_for_serving
 from llm_release.serve import Owner, build_command
 
@@ -34,7 +40,6 @@ def qwen_tp2(**overrides) -> ServingConfig:
     """The seeds' Qwen3.5-35B-A3B deployment (README, GPU host) on two GPUs."""
     settings = {
         "backend": "docker",
-        "image": "vllm/vllm-openai:v0.32.0",
         "tensor_parallel_size": 2,
         "enable_expert_parallel": True,
         "kv_cache_dtype": "fp8",
@@ -47,9 +52,11 @@ def qwen_tp2(**overrides) -> ServingConfig:
     return ServingConfig(**(settings | overrides))
 
 
-def spec_for(serving: ServingConfig, home: Path, gpu_ids=(2, 3)) -> dict:
+def spec_for(
+    serving: ServingConfig, home: Path, gpu_ids=(2, 3), host: HostSettings | None = None
+) -> dict:
     return container_spec(
-        image=serving.image,
+        image="vllm/vllm-openai:v0.32.0",
         model_dir=home / "models" / "qwen",
         served_names=["Qwen3.5-35B-A3B", "fp8-dynamic-abcdef12-20261130"],
         serving=serving,
@@ -58,6 +65,7 @@ def spec_for(serving: ServingConfig, home: Path, gpu_ids=(2, 3)) -> dict:
         gpu_ids=list(gpu_ids),
         gpu_host=True,
         home=home,
+        host=host or HostSettings(),
     )
 
 
@@ -85,6 +93,8 @@ def test_gpu_host_tensor_parallel_2_spec_is_what_vllms_docker_guide_prescribes(t
     }
     assert f"{model}:{model}:ro" in host["Binds"]
     assert host["Init"] is True and host["SecurityOpt"] == ["no-new-privileges"]
+    # The project's network (inter-container traffic off), vLLM on its address there only.
+    assert host["NetworkMode"] == NETWORK and api["hostname"] == HOSTNAME
     assert api["image"] == "vllm/vllm-openai:v0.32.0"
     assert api["entrypoint"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     labels = api["labels"]
@@ -100,7 +110,7 @@ def test_gpu_host_tensor_parallel_2_spec_is_what_vllms_docker_guide_prescribes(t
     command = " ".join(api["command"])
     for expected in (
         f"--model {model}",
-        f"--host 0.0.0.0 --port {CONTAINER_PORT}",
+        f"--host {HOSTNAME} --port {CONTAINER_PORT}",
         "--served-model-name Qwen3.5-35B-A3B fp8-dynamic-abcdef12-20261130",
         "--tensor-parallel-size 2",
         "--enable-expert-parallel",
@@ -119,14 +129,14 @@ def test_gpu_host_tensor_parallel_2_spec_is_what_vllms_docker_guide_prescribes(t
         serving,
         cuda=True,
     )[3:]
-    strip = lambda args: [a for a in args if a not in ("127.0.0.1", "0.0.0.0", "41000", "8000")]  # noqa: E731
+    strip = lambda args: [a for a in args if a not in ("127.0.0.1", HOSTNAME, "41000", "8000")]  # noqa: E731
     assert strip(process) == strip(api["command"])
 
 
 def test_ipc_host_replaces_the_sized_shm_and_all_gpus_is_count_minus_one(tmp_path):
     from docker.models.containers import _create_container_args
 
-    spec = spec_for(qwen_tp2(ipc_host=True, gpus="all"), tmp_path, gpu_ids=())
+    spec = spec_for(qwen_tp2(gpus="all"), tmp_path, gpu_ids=(), host=HostSettings(ipc_host=True))
     host = _create_container_args(dict(spec, version="1.41"))["host_config"]
     assert host["IpcMode"] == "host" and "ShmSize" not in host
     assert host["DeviceRequests"][0]["Count"] == -1
@@ -143,6 +153,7 @@ def cpu_spec(serving: ServingConfig, home: Path, owner: Owner | None = None) -> 
         gpu_ids=None,
         gpu_host=False,
         home=home,
+        host=HostSettings(),
     )
 
 
@@ -173,17 +184,75 @@ def test_parallel_settings_are_typed_and_checked():
     with pytest.raises(ValidationError, match="distinct GPU indices"):
         ServingConfig(gpus=[1, 1])
     with pytest.raises(ValidationError, match="keep one"):
-        ServingConfig(tensor_parallel_size=2, extra_args=["-tp", "2"])
+        ServingConfig(tensor_parallel_size=2, extra_args=["--tensor-parallel-size", "2"])
     with pytest.raises(ValidationError, match="keep one"):
-        ServingConfig(kv_cache_dtype="fp8", extra_args=["--kv_cache_dtype=fp8_e5m2"])
-    with pytest.raises(ValidationError, match="not an image reference"):
-        ServingConfig(image="vllm --privileged")
-    assert ServingConfig(image="registry.local:5000/team/vllm:v0.32.0").image.endswith("v0.32.0")
+        ServingConfig(kv_cache_dtype="fp8", extra_args=["--kv-cache-dtype=fp8_e5m2"])
     # A flag set only in extra_args still works as before (the typed field is default).
     assert ServingConfig(extra_args=["--kv-cache-dtype", "fp8"]).kv_cache_dtype == "auto"
     # The planner sizes what vLLM is told: TP and the KV dtype from the typed fields.
     request = request_for_serving(qwen_tp2(), device="gpu", dtype="bfloat16")
     assert request.gpu_counts == [2] and request.kv_cache_dtype == "fp8"
+
+
+def test_host_options_are_the_operators_environment_and_bounded(tmp_path, monkeypatch):
+    assert host_settings({}) == HostSettings(image="auto", shm_size_gib=4.0, ipc_host=False)
+    chosen = host_settings(
+        {
+            "LLM_RELEASE_DOCKER_IMAGE": "registry.local:5000/team/vllm:v0.32.0",
+            "LLM_RELEASE_DOCKER_SHM_GIB": "16",
+            "LLM_RELEASE_DOCKER_IPC_HOST": "0",
+        }
+    )
+    assert (chosen.image, chosen.shm_size_gib, chosen.ipc_host) == (
+        "registry.local:5000/team/vllm:v0.32.0",
+        16.0,
+        False,
+    )
+    for variable, value, says in [
+        ("LLM_RELEASE_DOCKER_SHM_GIB", str(MAX_SHM_GIB + 1), f"at most {MAX_SHM_GIB}"),
+        ("LLM_RELEASE_DOCKER_SHM_GIB", "0", "greater than 0"),
+        ("LLM_RELEASE_DOCKER_SHM_GIB", "nan", "LLM_RELEASE_DOCKER_SHM_GIB"),
+        ("LLM_RELEASE_DOCKER_SHM_GIB", "lots", "LLM_RELEASE_DOCKER_SHM_GIB"),
+        ("LLM_RELEASE_DOCKER_IMAGE", "vllm --privileged", "not an image reference"),
+        ("LLM_RELEASE_DOCKER_IPC_HOST", "maybe", "not a boolean"),
+    ]:
+        with pytest.raises(ConfigError, match=says) as info:
+            host_settings({variable: value})
+        assert variable in info.value.one_line()
+    # What the container gets comes from the environment, whatever the run's settings.
+    monkeypatch.setenv("LLM_RELEASE_DOCKER_IPC_HOST", "1")
+    monkeypatch.setenv("LLM_RELEASE_DOCKER_IMAGE", "registry.local:5000/team/vllm:v0.32.0")
+    spec = container_spec(
+        image=resolve_image(),
+        model_dir=tmp_path,
+        served_names=["m"],
+        serving=ServingConfig(backend="docker"),
+        port=40000,
+        owner=Owner(),
+        gpu_ids=None,
+        gpu_host=False,
+        home=tmp_path,
+    )
+    assert spec["ipc_mode"] == "host" and "shm_size" not in spec
+    assert spec["image"] == "registry.local:5000/team/vllm:v0.32.0"
+    monkeypatch.setenv("LLM_RELEASE_DOCKER_IPC_HOST", "0")
+    monkeypatch.setenv("LLM_RELEASE_DOCKER_SHM_GIB", "8")
+    spec = container_spec(**_cpu_kwargs(tmp_path))
+    assert spec["shm_size"] == "8192m" and "ipc_mode" not in spec
+
+
+def _cpu_kwargs(home: Path) -> dict:
+    return {
+        "image": "llm-release/vllm-cpu:x",
+        "model_dir": home,
+        "served_names": ["m"],
+        "serving": ServingConfig(backend="docker"),
+        "port": 40000,
+        "owner": Owner(),
+        "gpu_ids": None,
+        "gpu_host": False,
+        "home": home,
+    }
 
 
 def test_gpu_choice_never_hands_out_a_held_gpu():
@@ -288,6 +357,17 @@ def test_an_old_registry_without_containers_still_loads(home):
     registry.registry_path().write_text(json.dumps(old))
     stable = registry.load().stable
     assert stable.serving.backend == "process" and stable.container is None and stable.pid == 123
+    # Records written before the host options moved to the operator, and with flags the
+    # allow-list now refuses, still load: the pipeline wrote them (a run form cannot).
+    old["stable"]["serving"] |= {
+        "image": "auto",
+        "shm_size_gib": 4,
+        "ipc_host": False,
+        "allow_unsafe_serving_args": False,
+        "extra_args": ["--max_num_batched_tokens=64"],
+    }
+    registry.registry_path().write_text(json.dumps(old))
+    assert registry.load().stable.serving.extra_args == ["--max_num_batched_tokens=64"]
 
 
 def test_the_cpu_image_is_tagged_by_its_inputs():

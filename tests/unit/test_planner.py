@@ -421,7 +421,13 @@ def test_request_for_serving_reads_the_flags_vllm_gets():
         dtype="bfloat16",
         gpu_memory_utilization=0.85,
         enable_prefix_caching=False,
-        extra_args=["--kv-cache-dtype", "fp8_e4m3", "--max-num-batched-tokens=1024", "-tp", "2"],
+        extra_args=[
+            "--kv-cache-dtype",
+            "fp8_e4m3",
+            "--max-num-batched-tokens=1024",
+            "--tensor-parallel-size",
+            "2",
+        ],
     )
     r = request_for_serving(serving, device="gpu")
     assert (r.max_model_len, r.kv_cache_dtype, r.max_num_batched_tokens) == (4096, "fp8", 1024)

@@ -2,9 +2,12 @@
 
 Each container is named and labelled with the project, the project home, the run or
 release and the role; it mounts the model folder read-only at the same path (so vLLM's
-arguments are the process backend's, ``serve.vllm_args``), publishes vLLM's port on
-127.0.0.1 only, gets shared memory (or the host's IPC namespace) as vLLM's Docker guide
-prescribes for tensor parallelism, and GPUs through device requests on a GPU host. Its
+arguments are the process backend's, ``serve.vllm_args``), joins the project's bridge
+network with inter-container traffic off and publishes vLLM's port on 127.0.0.1 only,
+gets shared memory (or the host's IPC namespace) as vLLM's Docker guide prescribes for
+tensor parallelism, and GPUs through device requests on a GPU host. The image, the shared
+memory and the IPC namespace are the operator's settings (``LLM_RELEASE_DOCKER_*``), not
+a run's parameters. Its
 log is copied from the daemon into the server's log file, so the failure message (log
 tail, likely cause) reads the same as the process backend's. The container is removed on
 every exit path; ``sweep`` removes what a killed pipeline left behind, by label, and
@@ -19,13 +22,15 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
 from .. import gpus, paths, processes
 from ..config import ServingConfig
-from ..errors import ServeError
+from ..errors import ConfigError, ServeError
 from ..registry import Release
 from ..serve import VLLM_MODULE, Endpoint, Owner, Server, cpu_env, has_cuda, vllm_args
 
@@ -34,6 +39,90 @@ log = logging.getLogger(__name__)
 PROJECT = "llm-release"
 LABEL = "org.llm-release."
 CONTAINER_PORT = 8000
+# The project's own bridge network, with inter-container traffic off: a vLLM container is
+# reached only through its port published on the host's 127.0.0.1, never from another
+# container (on this network or the daemon's default bridge, which Docker keeps apart).
+NETWORK = "llm-release-isolated"
+NETWORK_OPTIONS = {"com.docker.network.bridge.enable_icc": "false"}
+# vLLM binds the container's own address on that network (its hostname in /etc/hosts),
+# not every address of the container.
+HOSTNAME = "vllm-server"
+
+# Host options are the operator's (the worker's environment or the deployment), never a
+# run parameter: they decide what of the host a container shares.
+IMAGE_ENV = "LLM_RELEASE_DOCKER_IMAGE"
+SHM_ENV = "LLM_RELEASE_DOCKER_SHM_GIB"
+IPC_HOST_ENV = "LLM_RELEASE_DOCKER_IPC_HOST"
+MAX_SHM_GIB = 256
+
+# An image reference: [registry[:port]/]name[:tag][@sha256:digest], no spaces or options.
+IMAGE_REF = (
+    r"[a-z0-9][a-z0-9.-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
+)
+
+
+class HostSettings(BaseModel):
+    """The docker backend's host options, from the operator's environment."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str = Field(
+        "auto",
+        description=f"{IMAGE_ENV}. auto: the official vLLM OpenAI server image at the pinned "
+        "tag on a GPU host, the locally built vLLM CPU image elsewhere; or an image reference "
+        "present on the host",
+    )
+    shm_size_gib: float = Field(
+        4.0,
+        gt=0,
+        le=MAX_SHM_GIB,
+        description=f"{SHM_ENV}: the container's /dev/shm (PyTorch shares tensors between "
+        "tensor-parallel ranks through it)",
+    )
+    ipc_host: bool = Field(
+        False,
+        description=f"{IPC_HOST_ENV}=1: the container shares the host's IPC namespace instead "
+        "of its own /dev/shm (vLLM's docs offer either for tensor parallelism)",
+    )
+
+    @field_validator("image")
+    @classmethod
+    def _image_ref(cls, value: str) -> str:
+        if value != "auto" and not re.fullmatch(IMAGE_REF, value):
+            raise ValueError(
+                f"{value[:100]!r} is not an image reference "
+                "(e.g. vllm/vllm-openai:v0.32.0 or registry:5000/team/vllm@sha256:…)"
+            )
+        return value
+
+
+def host_settings(environ: Mapping[str, str] | None = None) -> HostSettings:
+    """The operator's host options (ConfigError naming the variable when one is bad)."""
+    env = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    fields = {IMAGE_ENV: "image", SHM_ENV: "shm_size_gib", IPC_HOST_ENV: "ipc_host"}
+    for var, field in fields.items():
+        text = env.get(var, "").strip()
+        if not text:
+            continue
+        if field == "ipc_host":
+            if text.lower() not in ("0", "1", "true", "false", "yes", "no"):
+                raise ConfigError(f"{var}={text[:40]!r} is not a boolean", hint=f"set {var}=0 or 1")
+            values[field] = text.lower() in ("1", "true", "yes")
+        else:
+            values[field] = text
+        try:
+            HostSettings.model_validate({field: values[field]})
+        except ValidationError as exc:
+            raise ConfigError(
+                f"{var}: {exc.errors()[0]['msg']}",
+                hint=f"fix or unset {var} in the worker's environment"
+                + (f" (at most {MAX_SHM_GIB})" if field == "shm_size_gib" else ""),
+            ) from None
+    return HostSettings.model_validate(values)
+
+
 # vLLM's compile cache (torch.compile artifacts): kept under the project home across
 # containers, so only the first start of a model compiles (100-120 s on 2 cores).
 CACHE_IN_CONTAINER = "/root/.cache/vllm"
@@ -136,8 +225,11 @@ def container_spec(
     gpu_ids: list[int] | None,
     gpu_host: bool,
     home: Path | None = None,
+    host: HostSettings | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``client.containers.run`` for one vLLM server (pure: no daemon)."""
+    """Keyword arguments of ``client.containers.run`` for one vLLM server (pure: no daemon).
+    ``host``: the operator's host options (default: from the environment)."""
+    host = host or host_settings()
     home_path = Path(home or paths.home()).resolve()
     model = str(Path(model_dir).resolve())
     env = {
@@ -155,11 +247,15 @@ def container_spec(
         # The official image's entrypoint differs between releases (python -m …, vllm
         # serve); the module is the one entry both images have.
         "entrypoint": ["python3", "-m", VLLM_MODULE],
-        # Inside its own network namespace vLLM must listen on all of the container's
-        # addresses for the published port to reach it; the host publishes 127.0.0.1 only.
+        # vLLM listens on the container's address on the project's network (its hostname,
+        # which Docker writes into the container's /etc/hosts), where only the host's
+        # published port reaches it: inter-container traffic is off on that network, and
+        # the host publishes on 127.0.0.1 only.
         "command": vllm_args(
-            Path(model), "0.0.0.0", CONTAINER_PORT, served_names, serving, cuda=gpu_host
+            Path(model), HOSTNAME, CONTAINER_PORT, served_names, serving, cuda=gpu_host
         ),
+        "hostname": HOSTNAME,
+        "network": NETWORK,
         "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", port)},
         "volumes": {
             model: {"bind": model, "mode": "ro"},
@@ -173,23 +269,44 @@ def container_spec(
         "security_opt": ["no-new-privileges"],
         "detach": True,
     }
-    if serving.ipc_host:
+    if host.ipc_host:
         spec["ipc_mode"] = "host"
     else:
-        spec["shm_size"] = f"{int(serving.shm_size_gib * 1024)}m"
+        spec["shm_size"] = f"{int(host.shm_size_gib * 1024)}m"
     requests = device_requests(gpu_ids, serving.gpus) if gpu_host else []
     if requests:
         spec["device_requests"] = requests
     return spec
 
 
-def resolve_image(serving: ServingConfig) -> str:
-    """``serving.image``, with ``auto`` made concrete for this host."""
+def resolve_image(serving: ServingConfig | None = None) -> str:
+    """The operator's image (``LLM_RELEASE_DOCKER_IMAGE``), with ``auto`` made concrete for
+    this host. ``serving`` is not read: a run does not pick what runs on the host."""
     from .. import image
 
-    if serving.image != "auto":
-        return serving.image
+    del serving
+    chosen = host_settings().image
+    if chosen != "auto":
+        return chosen
     return image.OFFICIAL_IMAGE if has_cuda() else image.local_image()
+
+
+def ensure_network(docker: Any) -> None:
+    """The project's isolated bridge network, created once per daemon."""
+    errors = _errors()
+    if docker.networks.list(names=[NETWORK]):
+        return
+    try:
+        docker.networks.create(
+            NETWORK,
+            driver="bridge",
+            options=NETWORK_OPTIONS,
+            labels={label("project"): PROJECT},
+            check_duplicate=True,
+        )
+    except errors.APIError as exc:
+        if exc.status_code != 409:  # another pipeline process created it first
+            raise ServeError(f"the Docker daemon refused the network {NETWORK}: {exc}") from exc
 
 
 class DockerServer(Server):
@@ -237,6 +354,7 @@ class DockerServer(Server):
             gpu_host=gpu_host,
         )
         (paths.home() / "cache" / "vllm-container").mkdir(parents=True, exist_ok=True)
+        ensure_network(docker)
         self._header = (
             f"$ docker run {spec['name']} ({self.image}) "
             f"{' '.join(spec['entrypoint'] + spec['command'])}\n"
