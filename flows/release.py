@@ -13,17 +13,18 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.exceptions import ParameterTypeError
 from prefect.runtime import flow_run
-from pydantic import BaseModel, SecretStr, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from blocks.hub import HubCredentials
 from flows.canary import install_alerts, walk_canary
 from flows.review import ask_reviewer
-from llm_release import decisions, paths, registry
+from llm_release import credentials, decisions, paths, registry
 from llm_release.backends import sweep_containers
 from llm_release.config import ReleaseConfig, SourceConfig
 from llm_release.contenders import Contender, plan_contenders
+from llm_release.credentials import HubToken
 from llm_release.demo_model import DEMO_REPO_ID
-from llm_release.errors import ReleaseError, one_line
+from llm_release.errors import ConfigError, ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
 from llm_release.preflight import check
 from llm_release.promote import DeployTarget
@@ -60,12 +61,34 @@ class ReleaseOutcome(BaseModel):
     canary: RolloutOutcome | None = None
 
 
-def hub_access(source: SourceConfig) -> tuple[SourceConfig, SecretStr | None]:
-    """Endpoint and token from a saved block go to the acquire stage, never the environment."""
-    if not source.credentials_block:
+def hub_access(source: SourceConfig) -> tuple[SourceConfig, HubToken | None]:
+    """The source's endpoint past the endpoint policy, and with a saved block the block's
+    token bound to the block's own endpoint: a run form that names another endpoint with
+    the block is refused here, before any request. Never the environment."""
+    block = HubCredentials.load(source.credentials_block) if source.credentials_block else None
+    return bind_hub_access(source, block)
+
+
+def bind_hub_access(
+    source: SourceConfig, block: HubCredentials | None
+) -> tuple[SourceConfig, HubToken | None]:
+    if source.hub == "local":
         return source, None
-    hub = HubCredentials.load(source.credentials_block)
-    return source.model_copy(update={"endpoint": source.endpoint or hub.endpoint}), hub.token
+    token = None
+    if block is not None:
+        if source.hub == "modelscope" and not block.endpoint:
+            raise ConfigError(
+                f"credentials block {source.credentials_block!r} names no endpoint (it is for "
+                "huggingface.co) and the source is a ModelScope hub",
+                hint="save a block with the ModelScope endpoint its token is for",
+            )
+        endpoint, token = credentials.saved_token(
+            source.endpoint, block.endpoint, block.token, block=source.credentials_block or ""
+        )
+        source = source.model_copy(update={"endpoint": endpoint})
+    if source.endpoint:
+        credentials.check_hub_endpoint(source.endpoint)
+    return source, token
 
 
 # Results are persisted (as JSON, never pickle) so that a caller that started the run through

@@ -5,15 +5,16 @@ import threading
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import SecretStr
 
 from llm_release.acquire import Acquired, acquire, check_repo_contract, resolve
 from llm_release.config import SourceConfig
+from llm_release.credentials import HubToken
 
 
 @task(name="acquire", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def acquire_model(source: SourceConfig, token: SecretStr | None = None) -> Acquired:
-    """``token`` stays a SecretStr until the hub client gets it: Prefect shows it masked."""
+def acquire_model(source: SourceConfig, token: HubToken | None = None) -> Acquired:
+    """``token`` (a block's, bound to its endpoint) stays a SecretStr until the hub client
+    gets it: Prefect shows it masked."""
     logger = get_run_logger()
     progress_id = create_progress_artifact(progress=0.0, description="model download")
     seen = {"bytes": 0, "total": 0, "reported": 0.0}
@@ -36,7 +37,7 @@ def acquire_model(source: SourceConfig, token: SecretStr | None = None) -> Acqui
         source,
         progress=on_bytes,
         on_start=on_start,
-        token=token.get_secret_value() if token else None,
+        token=token,
     )
     check_repo_contract(acquired.model_dir)
     update_progress_artifact(progress_id, progress=100.0)
@@ -52,6 +53,6 @@ def acquire_model(source: SourceConfig, token: SecretStr | None = None) -> Acqui
 
 
 @task(name="resolve-revision", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-def resolve_revision(source: SourceConfig, token: SecretStr | None = None) -> str:
-    commit, _ = resolve(source, token=token.get_secret_value() if token else None)
+def resolve_revision(source: SourceConfig, token: HubToken | None = None) -> str:
+    commit, _ = resolve(source, token=token)
     return commit

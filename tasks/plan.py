@@ -2,19 +2,19 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from pydantic import SecretStr
 
 from llm_release.config import ReleaseConfig
+from llm_release.credentials import HubToken
 from llm_release.hardware import detect
 from llm_release.planner import Plan
 from llm_release.sizing import plan_release, read_release_model
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_serving(config: ReleaseConfig, token: SecretStr | None = None) -> Plan | None:
+def plan_serving(config: ReleaseConfig, token: HubToken | None = None) -> Plan | None:
     """Size the release from the repo's headers before any download; refuse what cannot fit."""
     logger = get_run_logger()
-    files = read_release_model(config, token.get_secret_value() if token else None)
+    files = read_release_model(config, token)
     if files is None:
         logger.warning("%s: no shard headers to plan from (ModelScope)", config.source.repo_id)
         return None

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from . import credentials, local_source, paths, safety
 from .config import SourceConfig
+from .credentials import HubToken
 from .download import (
     Expected,
     Outcome,
@@ -79,12 +80,14 @@ def local_dir_for(repo_id: str, commit: str) -> Path:
     return paths.models_dir() / repo_id.replace("/", "--") / commit
 
 
-def _api(source: SourceConfig, token: str | None):
+def _api(source: SourceConfig, token: HubToken | None):
     from huggingface_hub import HfApi
 
     # Endpoint and token go to this client object only: no process-wide setting pairs
-    # one hub's token with another hub.
-    return HfApi(endpoint=credentials.hf_endpoint(source.endpoint), token=token)
+    # one hub's token with another hub. token_for gives False, never None (which would let
+    # the client fall back to HF_TOKEN whatever the endpoint).
+    endpoint = credentials.hub_endpoint(source.endpoint)
+    return HfApi(endpoint=endpoint, token=credentials.token_for(endpoint, token))
 
 
 def resolve_local(source: SourceConfig) -> tuple[str, list[RemoteFile]]:
@@ -136,7 +139,7 @@ def modelscope_endpoint(source: SourceConfig) -> str:
 
 
 def resolve_modelscope(
-    source: SourceConfig, *, timeout_s: float = 60.0, token: str | None = None
+    source: SourceConfig, *, timeout_s: float = 60.0, token: HubToken | None = None
 ) -> tuple[str, list[RemoteFile]]:
     """List files with their SHA-256 through the modelscope SDK.
 
@@ -144,11 +147,15 @@ def resolve_modelscope(
     the content address of the listing (every file's SHA-256): the same bytes, the same
     folder, and a branch that moves mid-download fails verification instead of mixing.
     """
+    endpoint = credentials.check_hub_endpoint(modelscope_endpoint(source))
     from modelscope.hub.api import HubApi
 
     revision = "master" if source.revision == "main" else source.revision
+    # "" is the SDK's "no token" (None would fall back to MODELSCOPE_API_TOKEN or a login).
     api = HubApi(
-        endpoint=modelscope_endpoint(source), timeout=max(1, round(timeout_s)), token=token
+        endpoint=endpoint,
+        timeout=max(1, round(timeout_s)),
+        token=credentials.token_for(endpoint, token, hub="modelscope") or "",
     )
     try:
         # The SDK's listing keeps its own per-page timeouts and retries (minutes in all),
@@ -192,7 +199,7 @@ def modelscope_file_url(source: SourceConfig, path: str) -> str:
 
 
 def resolve(
-    source: SourceConfig, *, timeout_s: float = 60.0, token: str | None = None
+    source: SourceConfig, *, timeout_s: float = 60.0, token: HubToken | None = None
 ) -> tuple[str, list[RemoteFile]]:
     """Resolve the revision to a commit and list the files with their published hashes.
 
@@ -228,7 +235,7 @@ def resolve(
 
 
 def _resolve_hf(
-    source: SourceConfig, *, timeout_s: float, token: str | None
+    source: SourceConfig, *, timeout_s: float, token: HubToken | None
 ) -> tuple[str, list[RemoteFile]]:
     import httpx
     from huggingface_hub.errors import (
@@ -256,7 +263,8 @@ def _resolve_hf(
         raise AcquireError(
             f"repository {source.repo_id} was not found at {api.endpoint}",
             hint="check the repo id, the endpoint (HF_ENDPOINT) and, for a gated or private "
-            "repo, the token (HF_TOKEN)",
+            "repo, the token (HF_TOKEN goes only to huggingface.co and the endpoints in "
+            "LLM_RELEASE_HF_TOKEN_ENDPOINTS; or a HubCredentials block saved for this one)",
         ) from exc
     except (httpx.TimeoutException, TimeoutError) as exc:
         raise AcquireError(
@@ -352,12 +360,14 @@ def acquire(
     progress: ProgressFn | None = None,
     settings: TransferSettings | None = None,
     on_start: Callable[[int, int], None] | None = None,
-    token: str | None = None,
+    token: HubToken | None = None,
 ) -> Acquired:
     """Download ``source`` pinned to a commit; every file verified before it is reported.
 
-    ``token`` (a hub token) is sent to ``source``'s endpoint only; without one the hub
-    client's own default applies (``HF_TOKEN`` or a cached login) for Hugging Face hubs.
+    ``token`` (a block's, bound to the endpoint it was saved for) is sent to that endpoint
+    only: a source with another endpoint is refused before any request. Without one,
+    ``credentials.token_for`` decides: the environment's token goes only to the public hub
+    and the endpoints the operator configured for it.
     Small files come first, then the first weight shard alone (a wrong endpoint, path or
     token fails in seconds), then the other shards with ``settings.workers`` in parallel.
     """
@@ -390,13 +400,15 @@ def acquire(
     endpoint = (
         f"file://{source.local_path}"
         if source.hub == "local"
-        else modelscope_endpoint(source)
+        else credentials.check_hub_endpoint(modelscope_endpoint(source))
         if source.hub == "modelscope"
-        else credentials.hf_endpoint(source.endpoint)
+        else credentials.hub_endpoint(source.endpoint)
     )
     client = get_session()
     # A Hugging Face token is for a Hugging Face hub: ModelScope file URLs get none.
-    headers = build_hf_headers(token=False if source.hub != "huggingface" else token)
+    headers = build_hf_headers(
+        token=credentials.token_for(endpoint, token) if source.hub == "huggingface" else False
+    )
     outcomes: dict[str, Outcome] = {}
 
     def one(remote: RemoteFile) -> Outcome:

@@ -397,7 +397,11 @@ def build_parser() -> argparse.ArgumentParser:
     download = sub.add_parser("download", help="run the acquire stage alone")
     download.add_argument("repo_id")
     download.add_argument("--revision", default="main")
-    download.add_argument("--endpoint", help="hub endpoint (default: HF_ENDPOINT or the hub)")
+    download.add_argument(
+        "--endpoint",
+        help="hub endpoint (default: HF_ENDPOINT or the hub); HF_TOKEN goes only to "
+        "huggingface.co and the endpoints in LLM_RELEASE_HF_TOKEN_ENDPOINTS",
+    )
     download.add_argument("--workers", type=int, default=4)
     download.add_argument(
         "--stall-timeout",
@@ -414,7 +418,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="size a model for vLLM before serving it")
     plan.add_argument("model", help="a model folder, or a repo id read from --endpoint")
-    plan.add_argument("--endpoint", help="hub endpoint (default: HF_ENDPOINT or the hub)")
+    plan.add_argument(
+        "--endpoint",
+        help="hub endpoint (default: HF_ENDPOINT or the hub); HF_TOKEN goes only to "
+        "huggingface.co and the endpoints in LLM_RELEASE_HF_TOKEN_ENDPOINTS",
+    )
     plan.add_argument("--revision", default="main")
     plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU")
     plan.add_argument("--gpus", default="1,2,4,8", help="tensor-parallel sizes to try")

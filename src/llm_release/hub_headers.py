@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from . import credentials
+from .credentials import HubToken
 from .errors import AcquireError, ConfigError
 from .planner import DTYPE_BYTES, MAX_CONFIG_BYTES, TensorInfo, load_config_json
 
@@ -286,18 +288,22 @@ def read_hub(
     revision: str = "main",
     endpoint: str | None = None,
     timeout: float = TIMEOUT_S,
+    token: HubToken | None = None,
     deadline_s: float | None = None,
 ) -> ModelFiles:
     """config.json, the index and every shard header of a hub repo, by range requests.
 
     All reads share one wall-clock budget, ``deadline_s`` (default: the operator's
-    LLM_RELEASE_PLAN_DEADLINE_S, else 120 s); past it the plan fails naming the host."""
-    from huggingface_hub import constants, hf_hub_url
+    LLM_RELEASE_PLAN_DEADLINE_S, else 120 s); past it the plan fails naming the host.
+
+    ``endpoint`` passes the endpoint policy first; the token is what
+    ``credentials.token_for`` gives this endpoint (``token``, a block's, only for its own)."""
+    from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session
 
-    endpoint = (endpoint or constants.ENDPOINT).rstrip("/")
+    endpoint = credentials.hub_endpoint(endpoint)
     session = get_session()
-    headers = build_hf_headers()
+    headers = build_hf_headers(token=credentials.token_for(endpoint, token))
     files = ModelFiles(source=f"{endpoint}/{repo_id}@{revision}", config={}, tensors={}, shards=[])
     deadline = _Deadline(deadline_s if deadline_s is not None else plan_deadline_s(), endpoint)
 
@@ -328,7 +334,8 @@ def read_hub(
                 if response.status_code not in (200, 206):
                     raise AcquireError(
                         f"{url} answered HTTP {response.status_code}",
-                        hint="check the repo id, the revision and, for a private repo, HF_TOKEN",
+                        hint="check the repo id, the revision and, for a private repo, the token "
+                        "(HF_TOKEN goes only to huggingface.co and LLM_RELEASE_HF_TOKEN_ENDPOINTS)",
                     )
                 if byte_range and response.status_code == 200:
                     raise AcquireError(

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from . import corrections, hub_headers, local_source, planner, recipes
 from .config import ReleaseConfig, ServingConfig
+from .credentials import HubToken
 from .errors import ConfigError, ReleaseError
 from .hardware import Hardware
 from .probe import served_dtype
@@ -64,18 +65,20 @@ def plan_release(
 
 
 def read_release_model(
-    config: ReleaseConfig, token: str | None = None
+    config: ReleaseConfig, token: HubToken | None = None
 ) -> hub_headers.ModelFiles | None:
     """Config and shard headers of the release's model without its weights; None where the
-    source cannot be read that way (ModelScope)."""
+    source cannot be read that way (ModelScope). ``token`` (a block's) goes to its own
+    endpoint only; without one, ``credentials.token_for`` decides (read_hub)."""
     source = config.source
     if source.hub == "local":
         # Only from a folder under the operator's roots, every file inside them (links too).
         return hub_headers.read_local(local_source.checked_folder(source.local_path or ""))
     if source.hub == "modelscope":
         return None
-    del token  # huggingface_hub's own headers carry the configured token to its endpoint
-    return hub_headers.read_hub(source.repo_id, revision=source.revision, endpoint=source.endpoint)
+    return hub_headers.read_hub(
+        source.repo_id, revision=source.revision, endpoint=source.endpoint, token=token
+    )
 
 
 def kv_check(

@@ -152,6 +152,8 @@ def test_index_naming_a_missing_shard(home, hub_root, tiny_model_dir, tmp_path):
 def test_token_reaches_the_hub_but_no_file_or_repr(home, faulty, monkeypatch):
     secret = "hf_ThisIsATestTokenThatMustNotLeak"
     monkeypatch.setenv("HF_TOKEN", secret)
+    # the environment's token goes only to huggingface.co and the endpoints named for it
+    monkeypatch.setenv("LLM_RELEASE_HF_TOKEN_ENDPOINTS", faulty.url)
     acquired = acquire(source(faulty), settings=FAST)
     assert f"Bearer {secret}" in faulty.plan.authorizations
     assert secret not in repr(acquired)

@@ -12,6 +12,7 @@ import pytest
 
 from llm_release.acquire import TransferSettings, acquire, check_repo_contract
 from llm_release.config import SourceConfig
+from llm_release.credentials import HubToken
 from llm_release.errors import AcquireError
 from tests.hostile_hub import HostileHub
 
@@ -192,7 +193,8 @@ def test_token_goes_to_its_hub_only_never_across_a_redirect(home, hostile, monke
         other.plan.add("config.json", body)
         where = f"{other.url}/evil/model/resolve/{hostile.plan.commit}/config.json"
         hostile.plan.add("config.json", body, redirect=where)
-        acquired = acquire(source(hostile), settings=FAST, token="hf_explicit_secret")
+        saved = HubToken(endpoint=hostile.url, token="hf_explicit_secret")
+        acquired = acquire(source(hostile), settings=FAST, token=saved)
     assert (acquired.model_dir / "config.json").read_bytes() == body
     assert {auth for _, auth in hostile.plan.requests} == {"Bearer hf_explicit_secret"}
     assert other.plan.requests and all(auth is None for _, auth in other.plan.requests)
