@@ -54,8 +54,13 @@ def load_decoding(path: Path | None = None) -> dict:
     return decoding
 
 
-def task_config(eval_set: EvalSet, decoding: dict) -> dict:
-    """The lm-eval task dict: absolute data path, fixed decoding, our metric functions."""
+def task_config(eval_set: EvalSet, decoding: dict, request_body: dict | None = None) -> dict:
+    """The lm-eval task dict: absolute data path, fixed decoding, our metric functions.
+
+    ``request_body`` joins every request as it is (lm-eval's local-chat-completions puts
+    the task's generation kwargs into the request body): the thinking switch of a reasoning
+    model, ``{"chat_template_kwargs": {"enable_thinking": False}}`` (see reasoning.py). The
+    fixed decoding wins over it."""
     # lm-eval renders these with an unsandboxed Jinja: only checked templates go in.
     check_templates(eval_set.task, eval_set.directory / "task.yaml")
     config = {
@@ -66,7 +71,7 @@ def task_config(eval_set: EvalSet, decoding: dict) -> dict:
     config["dataset_kwargs"]["data_files"] = {
         config.get("test_split", "test"): str(eval_set.data_path)
     }
-    config["generation_kwargs"] = {
+    config["generation_kwargs"] = json.loads(json.dumps(request_body or {})) | {
         "until": list(decoding["until"]),
         "max_gen_toks": int(decoding["max_gen_toks"]),
         "temperature": float(decoding["temperature"]),
@@ -116,13 +121,16 @@ def run_evaluation(
     num_concurrent: int = 4,
     limit: int | None = None,
     bootstrap_iters: int = 2000,
+    request_body: dict | None = None,
 ) -> list[EvalResult]:
+    """``request_body``: fields every request carries (``reasoning.request_body``: the
+    thinking switch); recorded with the decoding parameters."""
     decoding = load_decoding()
     bootstrap_iters = bootstrap_iters or defaults().bootstrap_iters
     sets = [load_eval_set(n) for n in eval_set_names]
     for eval_set in sets:
         load_items(eval_set)
-    tasks = [task_config(s, decoding) for s in sets]
+    tasks = [task_config(s, decoding, request_body) for s in sets]
     try:
         with _offline():
             from lm_eval import simple_evaluate
@@ -186,7 +194,7 @@ def run_evaluation(
                 version=eval_set.task["metadata"]["version"],
                 num_items=len(items),
                 metrics=metric_scores,
-                decoding=decoding,
+                decoding=decoding | (request_body or {}),
                 gates=eval_set.gates.model_dump(),
                 items=items,
                 samples_path=str(samples_path),

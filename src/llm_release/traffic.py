@@ -230,7 +230,10 @@ class Traffic:
         seed: int = 0,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_requests: int | None = None,
+        request_body: dict | None = None,
     ) -> None:
+        """``request_body``: fields every request carries besides the chat (the thinking
+        switch of a reasoning model: ``reasoning.request_body``)."""
         self.base_url = local_base_url(base_url)
         if not isinstance(model, str) or not model.strip() or len(model) > 256:
             raise TrafficError(
@@ -254,6 +257,12 @@ class Traffic:
                 hint=f"each prompt at most {MAX_PROMPT_CHARS} characters",
             )
         self.prompts = prompts
+        if request_body is not None and not isinstance(request_body, dict):
+            raise TrafficError(
+                f"request_body must be a dict, got {type(request_body).__name__}",
+                hint="pass e.g. {'chat_template_kwargs': {'enable_thinking': False}}",
+            )
+        self.request_body = dict(request_body or {})
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -400,6 +409,7 @@ class Traffic:
                 model=self.model,
                 messages=[{"role": "user", "content": prompt}],
                 max_tokens=self.max_tokens,
+                extra_body=self.request_body or None,
             )
             if not response.choices:
                 raise EmptyCompletion("the answer had no choices")
