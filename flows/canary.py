@@ -16,7 +16,7 @@ from prefect.input import RunInput
 from pydantic import Field
 
 from flows.review import POLL_S
-from llm_release import alerts, analysis, promote, registry, rollout
+from llm_release import alerts, analysis, promote, reasoning, registry, rollout
 from llm_release.analysis import WindowVerdict
 from llm_release.config import RolloutConfig
 from llm_release.errors import ReleaseError, StateError, one_line
@@ -169,7 +169,8 @@ def walk_canary(
     actions.weight = current_weight or config.first_weight
     traffic = None
     if config.mode == "progressive" and config.traffic is not None:
-        router_url = promote.router_for(registry.load()).url
+        state = registry.load()
+        router_url = promote.router_for(state).url
         # Bounded: long enough for every window the policy can ask for, stopped at the end.
         traffic = Traffic(
             router_url,
@@ -178,6 +179,8 @@ def walk_canary(
             duration_s=rollout.longest_rollout_s(config),
             concurrency=config.traffic.concurrency,
             max_tokens=config.traffic.max_tokens,
+            # Thinking off (unless serving.thinking) for the stable's and canary's models
+            request_body=reasoning.releases_request_body([state.stable, state.canary]),
         )
         traffic.start()
     try:

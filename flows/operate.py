@@ -15,7 +15,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from flows.canary import install_alerts
-from llm_release import paths, promote, registry
+from llm_release import paths, promote, reasoning, registry
 from llm_release.config import EvalConfig, RolloutConfig, ServingConfig
 from llm_release.errors import ConfigError, ReleaseError, StateError
 from llm_release.evaluate import run_evaluation
@@ -181,6 +181,7 @@ def eval_only(
                         run_dir / "eval",
                         num_concurrent=evaluation.concurrency(server.serving),
                         limit=evaluation.limit,
+                        request_body=reasoning.request_body(folder, server.serving.thinking),
                     )
         else:
             stable = registry.load().stable
@@ -200,6 +201,9 @@ def eval_only(
                     run_dir / "eval",
                     num_concurrent=evaluation.concurrency(None),
                     limit=evaluation.limit,
+                    request_body=reasoning.request_body(
+                        Path(stable.model_dir), stable.serving.thinking
+                    ),
                 )
     except ReleaseError as exc:
         raise _one_line(exc) from None

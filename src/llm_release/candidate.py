@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import corrections
+from . import corrections, reasoning
 from .config import EvalConfig, LoadProfile, ServingConfig
 from .evaluate import run_evaluation
 from .hardware import detect
@@ -45,6 +45,9 @@ def measure(
         status="failed",
     )
     started = time.monotonic()
+    # A reasoning model's thinking switch, turned off unless serving.thinking: the same in
+    # every request of the evaluation and the load test.
+    request_body = reasoning.request_body(model_dir, serving.thinking)
     server = make_server(
         model_dir,
         [name, public_name],
@@ -75,13 +78,19 @@ def measure(
                     out_dir / "eval",
                     num_concurrent=evaluation.concurrency(server.serving),
                     limit=evaluation.limit,
+                    request_body=request_body,
                 )
                 seconds["evaluate"] = time.monotonic() - mark
             log.info("%s: evaluated in %.0fs", name, seconds["evaluate"])
             with _server_watch(server, "the load test"):
                 mark = time.monotonic()
                 result.load = run_load_test(
-                    server.base_url, name, tokenizer_dir, load, out_dir / "load"
+                    server.base_url,
+                    name,
+                    tokenizer_dir,
+                    load,
+                    out_dir / "load",
+                    request_body=request_body,
                 )
                 seconds["loadtest"] = time.monotonic() - mark
             log.info("%s: load-tested in %.0fs", name, seconds["loadtest"])

@@ -66,14 +66,17 @@ def cmd_canary(args: argparse.Namespace) -> int:
 
 def cmd_traffic(args: argparse.Namespace) -> int:
     """A bounded, steady stream of chat completions through the load balancer."""
-    from . import registry
+    from . import reasoning, registry
     from .errors import StateError
     from .promote import router_for
     from .traffic import Traffic
 
     url, model = args.url, args.model
+    request_body: dict = {}
     if url is None or model is None:
         state = registry.load()
+        if url is None:  # the service's router: the thinking switch of what it serves
+            request_body = reasoning.releases_request_body([state.stable, state.canary])
         url = url or router_for(state).url
         if model is None:
             if state.stable is None:
@@ -90,6 +93,7 @@ def cmd_traffic(args: argparse.Namespace) -> int:
         concurrency=args.concurrency,
         max_tokens=args.max_tokens,
         seed=args.seed,
+        request_body=request_body,
     )
     if not args.json:
         print(

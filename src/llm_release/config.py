@@ -169,6 +169,13 @@ class ServingConfig(StrictModel):
         "refused (README, Security)",
     )
     startup_timeout_s: float = Field(900, gt=0)
+    thinking: bool = Field(
+        False,
+        description="reasoning models (a chat template with a thinking switch, e.g. Qwen3's "
+        "enable_thinking): false turns thinking off in every request the pipeline sends "
+        "(evaluation, load test, demo traffic); true lets the model think (give the eval's "
+        "max_gen_toks room for it). The family's --reasoning-parser is set either way",
+    )
     # Where vLLM runs. Both backends build the same vLLM arguments from the fields below.
     backend: Literal["process", "docker"] = Field(
         "process",

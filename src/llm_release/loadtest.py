@@ -16,8 +16,23 @@ from .results import LoadLevel, LoadResult
 log = logging.getLogger(__name__)
 
 
+def backend_arg(base_url: str, served_name: str, request_body: dict | None = None) -> str:
+    """GuideLLM's ``--backend``; with ``request_body`` (the thinking switch of a reasoning
+    model) as JSON, whose ``extras.body`` GuideLLM's openai_http backend merges into every
+    request's body (guidellm/schemas/backends/openai_http.py, ``extras``)."""
+    if not request_body:
+        return f"kind=openai_http,target={base_url},model={served_name}"
+    backend = {"kind": "openai_http", "target": base_url, "model": served_name}
+    return json.dumps(backend | {"extras": {"body": request_body}})
+
+
 def build_command(
-    base_url: str, served_name: str, tokenizer_dir: Path, profile: LoadProfile, output_path: Path
+    base_url: str,
+    served_name: str,
+    tokenizer_dir: Path,
+    profile: LoadProfile,
+    output_path: Path,
+    request_body: dict | None = None,
 ) -> list[str]:
     streams = ",".join(str(c) for c in profile.concurrencies)
     return [
@@ -26,7 +41,7 @@ def build_command(
         "guidellm",
         "run",
         "--backend",
-        f"kind=openai_http,target={base_url},model={served_name}",
+        backend_arg(base_url, served_name, request_body),
         "--tokenizer",
         f"kind=hf_auto,model={tokenizer_dir}",
         "--data",
@@ -113,8 +128,9 @@ def _run_guidellm(
     profile: LoadProfile,
     report_path: Path,
     log_path: Path,
+    request_body: dict | None = None,
 ) -> list[LoadLevel]:
-    cmd = build_command(base_url, served_name, tokenizer_dir, profile, report_path)
+    cmd = build_command(base_url, served_name, tokenizer_dir, profile, report_path, request_body)
     env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
     budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
     with log_path.open("wb") as log_file:
@@ -151,9 +167,11 @@ def run_load_test(
     profile: LoadProfile,
     out_dir: Path,
     max_attempts: int = 3,
+    request_body: dict | None = None,
 ) -> LoadResult:
     """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
-    times in all, and the fullest measurement of each level is kept."""
+    times in all, and the fullest measurement of each level is kept. ``request_body``:
+    fields every request carries (``reasoning.request_body``: the thinking switch)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     measured: dict[int, LoadLevel] = {}
     pending = list(profile.concurrencies)
@@ -169,6 +187,7 @@ def run_load_test(
             sweep,
             out_dir / f"guidellm{suffix}.json",
             out_dir / f"guidellm{suffix}.log",
+            request_body=request_body,
         ):
             kept = measured.get(level.concurrency)
             if kept is None or level.requests > kept.requests:

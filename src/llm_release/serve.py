@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from . import hardware, paths, processes
+from . import hardware, paths, processes, reasoning
 from .config import ServingConfig
 from .credentials import child_env
 from .errors import ConfigError, ServeError
@@ -194,6 +194,9 @@ def vllm_args(
         raise ConfigError(
             str(exc), hint="remove the flag, or ask the operator to allow it"
         ) from None
+    # A reasoning model's family parser (qwen3 for Qwen3 / Qwen3.5): its thinking goes to
+    # the answer's reasoning field, not into the content a client scores or shows.
+    cmd += reasoning.parser_args(model_dir, serving.extra_args)
     cmd += serving.extra_args
     return cmd
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from . import hub_headers, planner, sizing
+from . import hub_headers, planner, reasoning, sizing
 from .config import Gates, LoadProfile, ServingConfig, TuneConfig
 from .fileio import atomic_write_text
 from .hardware import Hardware
@@ -345,6 +345,7 @@ def vllm_session(
 ) -> Session:
     """One vLLM server per setting, kept up while GuideLLM measures its levels one by one
     (one GuideLLM run per level, so the sweep can stop at the first failing level)."""
+    request_body = reasoning.request_body(model_dir, serving.thinking)
 
     @contextmanager
     def session(setting: Setting) -> Iterator[Callable[[int], LoadLevel]]:
@@ -357,7 +358,12 @@ def vllm_session(
             def probe(concurrency: int) -> LoadLevel:
                 one = profile.model_copy(update={"concurrencies": [concurrency]})
                 result = run_load_test(
-                    server.base_url, served_names[0], tokenizer_dir, one, folder / f"c{concurrency}"
+                    server.base_url,
+                    served_names[0],
+                    tokenizer_dir,
+                    one,
+                    folder / f"c{concurrency}",
+                    request_body=request_body,
                 )
                 return result.levels[0]
 

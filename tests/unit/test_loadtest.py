@@ -56,7 +56,7 @@ def fake_guidellm(monkeypatch, runs: list[list[LoadLevel]]) -> list[list[int]]:
     """Replace only the subprocess: each call returns the next run's levels."""
     asked: list[list[int]] = []
 
-    def run(base_url, served_name, tokenizer_dir, profile, report_path, log_path):
+    def run(base_url, served_name, tokenizer_dir, profile, report_path, log_path, **kwargs):
         asked.append(list(profile.concurrencies))
         return runs[len(asked) - 1]
 
