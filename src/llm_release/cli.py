@@ -190,8 +190,24 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
     root = Path(args.root) if args.root else None
     if args.action == "new":
         if not args.name:
-            raise SystemExit("usage: llm-release eval-sets new NAME")
-        target = evalsets.scaffold(args.name, root)
+            raise SystemExit("usage: llm-release eval-sets new NAME --min-score FLOOR [--critical]")
+        evalsets.check_new_name(args.name)  # a bad name is refused before the floor is asked
+        floor = args.min_score
+        if floor is None:
+            if not sys.stdin.isatty():
+                raise SystemExit(
+                    "error: eval-sets new needs the set's floor: pass --min-score FLOOR (the "
+                    "lowest acceptable score, from a measured score; a critical set's is above 0)"
+                )
+            answer = input(
+                f"floor of {args.name} (min_score of every metric, 0-1, from a measured score: "
+                "the reference model's lower 95% bound minus the margin): "
+            )
+            try:
+                floor = float(answer)
+            except ValueError:
+                raise SystemExit(f"error: floor {answer!r} is not a number from 0 to 1") from None
+        target = evalsets.scaffold(args.name, root, min_score=floor, critical=args.critical)
         print(
             f"created {target}: edit task.yaml, data.jsonl and README.md, then run "
             f"'llm-release eval-sets validate {args.name}'"
@@ -476,6 +492,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"error: {exc.one_line()}", file=sys.stderr)
+    sets.add_argument(
+        "--min-score",
+        type=float,
+        help="new: the floor of every metric gate (asked for when omitted on a terminal)",
+    )
+    sets.add_argument("--critical", action="store_true", help="new: a critical set")
         return 2
     except ValidationError as exc:
         if args.debug:

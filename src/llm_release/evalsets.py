@@ -99,7 +99,9 @@ class Defaults(StrictModel):
     critical: bool = True
     confidence: float = Field(0.95, gt=0.5, lt=1)
     on_inconclusive: InconclusivePolicy = "review"
-    min_score: float = Field(0.0, ge=0, le=1)
+    # No project-wide floor by default: each critical set declares its own, measured
+    # (a default of 0 is a floor that cannot fail).
+    min_score: float | None = Field(None, ge=0, le=1)
     max_drop: float = Field(0.05, ge=0, le=1)
     bootstrap_iters: int = Field(2000, ge=100)
 
@@ -521,7 +523,31 @@ def _gate_spec(
         )
         for s in spec.slices
     ]
+    if spec.critical:
+        _require_floors(filled, path, line)
     return spec.model_copy(update={"metrics": filled, "slices": slices})
+
+
+FLOOR_HINT = (
+    "set gates.metrics.METRIC.min_score in task.yaml from a measured score (the reference "
+    "model's lower confidence bound minus the margin; README: 'How a release is decided'), "
+    "or make the set non-critical"
+)
+
+
+def _require_floors(filled: dict[str, MetricGate], path: Path, line: int | None) -> None:
+    """A critical set's every metric has a floor above 0: a floor of 0 cannot fail, so a
+    first release (nothing to compare with) would pass a model that scores nothing."""
+    for name, gate in filled.items():
+        if gate.min_score is None or gate.min_score <= 0:
+            found = "no min_score" if gate.min_score is None else "min_score 0"
+            raise EvalSetError(
+                path,
+                line,
+                f"gates.metrics.{name}.min_score",
+                f"a critical set needs a floor above 0 ({found}: a score of 0 would pass)",
+                hint=FLOOR_HINT.replace("METRIC", name),
+            )
 
 
 def available(root: Path | None = None) -> list[str]:
@@ -609,6 +635,14 @@ LEAK_MIN_CHARS = 40
 def validate(name: str, root: Path | None = None, calibration: list[str] | None = None) -> dict:
     """Everything ``eval-sets validate`` checks; returns a summary, raises on the first error."""
     eval_set = load_eval_set(name, root)
+    if eval_set.gates.critical and not eval_set.readme.get("Floors"):
+        raise EvalSetError(
+            eval_set.directory / "README.md",
+            None,
+            "Floors",
+            "a critical set's README must say how each min_score was chosen",
+            hint="add '- **Floors:** text' naming the measured scores (see eval_sets/_template)",
+        )
     items = load_items(eval_set)
     needed = {f for m in eval_set.metric_names for f in metrics.get(m).needs}
     calibration = calibration_texts() if calibration is None else calibration
@@ -754,16 +788,33 @@ def resolution(eval_set: EvalSet, items: list[dict]) -> list[dict]:
     return out
 
 
-def scaffold(name: str, root: Path | None = None) -> Path:
-    root = root or paths.eval_sets_dir()
+def check_new_name(name: str) -> None:
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
         raise EvalError(f"eval set name {name!r}: use lower-case letters, digits and '_'")
+
+
+def scaffold(
+    name: str, root: Path | None = None, *, min_score: float, critical: bool = False
+) -> Path:
+    """A new set from the template, with its floor (``min_score`` of every metric gate)
+    and criticality written into task.yaml; a critical set's floor must be above 0."""
+    root = root or paths.eval_sets_dir()
+    check_new_name(name)
+    if not 0 <= min_score <= 1 or (critical and min_score <= 0):
+        raise EvalError(
+            f"floor {min_score}: a score floor is between 0 and 1"
+            + (", and above 0 for a critical set" if critical else ""),
+            hint=FLOOR_HINT.replace("gates.metrics.METRIC.min_score in task.yaml", "--min-score"),
+        )
     target = root / name
     if target.exists():
         raise EvalError(f"{target} already exists")
     shutil.copytree(root / TEMPLATE, target)
     task = target / "task.yaml"
-    task.write_text(re.sub(r"(?m)^task: .*$", f"task: {name}", task.read_text()))
+    text = re.sub(r"(?m)^task: .*$", f"task: {name}", task.read_text())
+    text = re.sub(r"(?m)^(  critical:) \w+", rf"\1 {str(critical).lower()}", text)
+    text = re.sub(r"min_score: [0-9.]+", f"min_score: {min_score}", text)
+    task.write_text(text)
     return target
 
 

@@ -12,7 +12,7 @@ from .planner import Plan
 from .probe import ServingPlan
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
 from .rollout import RolloutOutcome
-from .select import paired
+from .select import floor_refusals, paired
 from .stats import bootstrap_mean_ci
 
 DISAGREEMENTS_SHOWN = 3
@@ -330,6 +330,10 @@ def render_markdown(
         for r in failed:
             lines += [f"### {r.name}", "", "```", (r.error or "")[-3000:], "```", ""]
     lines += ["## Stage timings", "", "| stage | seconds | share |", "|---|---|---|"]
+    floors = floor_refusals(decision.verdicts)
+    if floors:
+        lines.append("- **Refused by floors (min_score):** " + "; ".join(floors))
+    lines.append("")
     total = sum(stage_seconds.values()) or 1.0
     for stage, seconds in stage_seconds.items():
         lines.append(f"| {stage} | {seconds:.1f} | {seconds / total:.0%} |")
@@ -347,7 +351,6 @@ def canary_section(canary: RolloutOutcome) -> list[str]:
     """The canary's walk: each window's checks, canary versus stable, and the decision."""
     lines = [
         "## Canary rollout",
-        "",
         f"- **Outcome:** {canary.status} — {canary.reason}",
         f"- **Highest weight served:** {canary.reached_weight}%",
     ]

@@ -44,8 +44,10 @@ RULE = (
     "ceiling at every load level. The winner is the eligible challenger with the highest "
     "output tokens/s at the highest measured concurrency; ties go to the smaller model on "
     "disk. When no challenger is eligible, the best one awaiting review goes to a human. "
-    "On a first release (no champion) the new commit's unquantized model becomes stable "
-    "only if it passes its own absolute gates."
+    "On a first release (no champion) there is nothing to compare with: the new commit's "
+    "unquantized model becomes stable only if it passes its absolute gates — every critical "
+    "set's floors (min_score, measured and declared by each set), the TTFT SLO and the error "
+    "ceiling."
 )
 EPS = 1e-12
 
@@ -378,16 +380,36 @@ def decide(results: list[CandidateResult], gates: Gates) -> Decision:
         summary = f"{review} awaits review: a gate was inconclusive and its set asks a human"
     elif stable and not has_champion:
         summary = f"first release: {stable} becomes stable; no other challenger passed every gate"
+        floors = floor_refusals(verdicts)
+        if floors:
+            summary += " (refused by floors: " + "; ".join(floors) + ")"
     else:
         failed = [v.name for v in challengers if not v.eligible]
         summary = "no challenger passed every gate"
         if failed:
             summary += f" (failed: {', '.join(failed)})"
+        floors = floor_refusals(verdicts)
+        if floors:
+            summary += "; refused by floors: " + "; ".join(floors)
         if has_champion:
             summary += "; the champion keeps serving"
     return Decision(
         winner=winner, stable=stable, rule=RULE, verdicts=verdicts, summary=summary, review=review
     )
+
+
+def floor_refusals(verdicts: list[CandidateVerdict]) -> list[str]:
+    """Each blocking floor (``min_score``) a challenger failed, as ``name: set/metric score
+    below floor``: what the report and the summary name when a floor refused a model."""
+    out = []
+    for v in verdicts:
+        if v.role == "champion":
+            continue
+        for g in v.gates:
+            if g.gate.endswith(":min_score") and g.blocking and g.outcome == "fail":
+                where = g.gate.removesuffix(":min_score")
+                out.append(f"{v.name}: {where} {g.value:.3f} below floor {g.threshold:.3f}")
+    return out
 
 
 def apply_review(decision: Decision, approved: bool, note: str) -> Decision:

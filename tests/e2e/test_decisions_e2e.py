@@ -70,7 +70,8 @@ def eval_sets(tmp_path, monkeypatch):
         {
             "critical": True,
             "on_inconclusive": "review",
-            "metrics": {"regex_match": {"max_drop": 0.1}},
+            # A critical set's floor is above 0; both models clear this one (1.0 and 0.95).
+            "metrics": {"regex_match": {"min_score": 0.5, "max_drop": 0.1}},
         },
     )
     write_set(
@@ -213,5 +214,9 @@ def test_a_first_release_that_fails_an_absolute_gate_deploys_nothing(
         outcome = release(config(hub, free_port(), ["nonempty"]))
     assert outcome.stable is None and outcome.winner is None
     assert outcome.verdict == "rejected" and outcome.deployment == {}
+    # With no champion the floor is what refused it, and the decision says which.
+    assert "refused by floors: baseline: nonempty/regex_match 0.000 below floor 0.500" in (
+        outcome.summary
+    ), outcome.summary
     assert registry.load().stable is None
     assert vllm_processes(under=home) == []

@@ -44,7 +44,7 @@ def containers(home, **labels) -> dict[str, str]:
     return {c.name: c.status for c in found}
 
 
-def test_release_with_the_docker_backend(prefect_api, home, hub):
+def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_only):
     from flows.release import release
     from llm_release.config import ReleaseConfig
     from llm_release.serve import free_port

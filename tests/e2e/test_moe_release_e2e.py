@@ -31,7 +31,7 @@ def moe_hub(tmp_path, tokenizer_dir):
 
 
 def test_a_moe_release_skips_what_the_host_cannot_serve_and_releases_the_rest(
-    prefect_api, home, moe_hub
+    prefect_api, home, moe_hub, sets_reported_only
 ):
     from flows.release import release
     from llm_release.config import ReleaseConfig

@@ -84,7 +84,7 @@ def prefect_artifacts(flow_run_id) -> dict:
 
 
 def test_release_end_to_end(
-    prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path, monkeypatch
+    prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path, sets_reported_only, monkeypatch
 ):
     from flows.release import release
     from llm_release.config import ReleaseConfig

@@ -49,7 +49,7 @@ def test_process_results_scores_with_the_registered_metrics():
 def root(tmp_path):
     root = tmp_path / "eval_sets"
     shutil.copytree(paths.eval_sets_dir(), root)
-    scaffold("kb2", root)
+    scaffold("kb2", root, min_score=0.0)
     shutil.copy(root / "manufacturing_kb" / "data.jsonl", root / "kb2" / "data.jsonl")
     return root
 
@@ -143,7 +143,7 @@ def test_code_tags_and_unknown_keys_are_refused(root):
 
 
 def test_gate_naming_an_unscored_metric(root):
-    edit(root / "kb2" / "task.yaml", "numeric_match: {max_drop: 0.05}", "refusal: {max_drop: 0.05}")
+    edit(root / "kb2" / "task.yaml", "numeric_match: {min_score: 0.0,", "refusal: {min_score: 0.0,")
     with pytest.raises(EvalSetError, match="metric_list does not score"):
         load_eval_set("kb2", root)
 
@@ -165,7 +165,7 @@ def test_variant_includes_a_base_yaml(root):
 
 def test_project_defaults_fill_unset_gates(root):
     (root / "defaults.yaml").write_text("gates:\n  max_drop: 0.2\n  min_score: 0.1\n")
-    edit(root / "kb2" / "task.yaml", "numeric_match: {max_drop: 0.05}", "numeric_match: {}")
+    edit(root / "kb2" / "task.yaml", "numeric_match: {min_score: 0.0, max_drop: 0.05}", "numeric_match: {}")
     gate = load_eval_set("kb2", root).gates.metrics["numeric_match"]
     assert (gate.max_drop, gate.min_score) == (0.2, 0.1)
 
@@ -179,7 +179,7 @@ def test_missing_set_lists_available(root):
 def test_cli_new_validate_list(tmp_path, capsys):
     root = tmp_path / "sets"
     shutil.copytree(paths.eval_sets_dir(), root)
-    assert cli(["eval-sets", "new", "line_speed", "--root", str(root)]) == 0
+    assert cli(["eval-sets", "new", "line_speed", "--root", str(root), "--min-score", "0"]) == 0
     assert cli(["eval-sets", "validate", "line_speed", "--root", str(root)]) == 0
     assert cli(["eval-sets", "list", "--json", "--root", str(root)]) == 0
     out = capsys.readouterr().out
@@ -188,6 +188,94 @@ def test_cli_new_validate_list(tmp_path, capsys):
     (root / "line_speed" / "data.jsonl").write_text('{"id": "x"}\n')
     assert cli(["eval-sets", "validate", "line_speed", "--root", str(root)]) == 1
     assert "data.jsonl:1: field 'answer'" in capsys.readouterr().out
+
+
+def test_every_critical_set_in_the_repo_declares_a_measured_floor():
+    for name in available():
+        eval_set = load_eval_set(name)
+        if not eval_set.gates.critical:
+            continue
+        floors = {m: g.min_score for m, g in eval_set.gates.metrics.items()}
+        assert all(f is not None and f > 0 for f in floors.values()), (name, floors)
+        assert eval_set.readme.get("Floors"), f"{name}: README says how the floors were chosen"
+
+
+def critical_kb2(root: Path, gate: str) -> None:
+    edit(root / "kb2" / "task.yaml", "critical: false", "critical: true")
+    edit(root / "kb2" / "task.yaml", "numeric_match: {min_score: 0.0, max_drop: 0.05}", gate)
+
+
+@pytest.mark.parametrize(
+    "gate, found",
+    [
+        ("numeric_match: {max_drop: 0.05}", "no min_score"),
+        ("numeric_match: {min_score: 0.0, max_drop: 0.05}", "min_score 0"),
+        ("numeric_match: {min_score: 0, max_drop: 0.05}", "min_score 0"),
+    ],
+)
+def test_a_critical_set_without_a_floor_above_zero_is_refused_in_one_line(
+    root, capsys, gate, found
+):
+    critical_kb2(root, gate)
+    with pytest.raises(
+        EvalSetError, match=f"a critical set needs a floor above 0 .{found}"
+    ) as info:
+        load_eval_set("kb2", root)
+    assert info.value.field == "gates.metrics.numeric_match.min_score"
+    assert info.value.line == 14  # the gates: key
+    assert cli(["eval-sets", "validate", "kb2", "--root", str(root)]) == 1
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("FAIL kb2: ") and "how to fix: set gates.metrics.numeric_match" in line
+
+
+def test_the_project_defaults_no_longer_give_a_floor_of_zero(root):
+    # defaults.yaml has no min_score: a critical set that declares none is refused, and a
+    # floor of 0 put back into the defaults is refused the same way.
+    assert load_eval_set("manufacturing_kb", root).gates.metrics["numeric_match"].min_score > 0
+    critical_kb2(root, "numeric_match: {max_drop: 0.05}")
+    with pytest.raises(EvalSetError, match="no min_score"):
+        load_eval_set("kb2", root)
+    defaults = root / "defaults.yaml"
+    edit(defaults, "  max_drop: 0.05", "  min_score: 0.0\n  max_drop: 0.05")
+    with pytest.raises(EvalSetError, match="min_score 0"):
+        load_eval_set("kb2", root)
+    # A floor above 0 is accepted; a non-critical set may keep 0 (reported, never blocking).
+    defaults.write_text(defaults.read_text().replace("min_score: 0.0", "min_score: 0.2"))
+    assert load_eval_set("kb2", root).gates.metrics["numeric_match"].min_score == 0.2
+
+
+def test_a_critical_sets_readme_must_say_how_its_floors_were_chosen(root):
+    critical_kb2(root, "numeric_match: {min_score: 0.5, max_drop: 0.05}")
+    assert validate("kb2", root, calibration=[])["items"] == 80
+    readme = root / "kb2" / "README.md"
+    readme.write_text(
+        "\n".join(line for line in readme.read_text().splitlines() if "**Floors:**" not in line)
+    )
+    with pytest.raises(EvalSetError, match="must say how each min_score was chosen") as info:
+        validate("kb2", root, calibration=[])
+    assert info.value.field == "Floors"
+
+
+def test_cli_new_asks_for_the_floor(tmp_path, capsys, monkeypatch):
+    root = tmp_path / "sets"
+    shutil.copytree(paths.eval_sets_dir(), root)
+    new = ["eval-sets", "new", "line_speed", "--root", str(root)]
+    # Not on a terminal and no --min-score: refused in one line, nothing created.
+    with pytest.raises(SystemExit, match="needs the set's floor: pass --min-score"):
+        cli(new)
+    assert not (root / "line_speed").exists()
+    # A critical set with a floor of 0 is refused the same way.
+    assert cli([*new, "--critical", "--min-score", "0"]) == 2
+    assert "above 0 for a critical set" in capsys.readouterr().err
+    assert not (root / "line_speed").exists()
+    # On a terminal it asks.
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: "0.45" if "floor" in prompt else "")
+    assert cli([*new, "--critical"]) == 0
+    eval_set = load_eval_set("line_speed", root)
+    assert eval_set.gates.critical
+    assert eval_set.gates.metrics["numeric_match"].min_score == 0.45
+    assert cli(["eval-sets", "validate", "line_speed", "--root", str(root)]) == 0
 
 
 def test_describe_reports_owner_size_and_gates():

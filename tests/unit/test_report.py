@@ -93,6 +93,40 @@ def test_report_shows_slices_intervals_gates_and_disagreements():
     assert "- baseline, concurrency" not in text
 
 
+def test_the_report_names_the_floor_that_refused_a_first_release():
+    gates = GATES | {"metrics": {"numeric_match": {"min_score": 0.5, "max_drop": 0.05}}}
+    results = [candidate("baseline", [0, 0, 1, 0], ["x", "y", "2 bar", "z"])]
+    results[0].evals[0].gates = gates
+    decision = decide(results, Gates())
+    assert decision.stable is None
+    text = render_markdown(
+        title="t",
+        source={"repo_id": "a/b", "revision": "main", "commit": "c" * 40},
+        results=results,
+        decision=decision,
+        stage_seconds={"acquire": 1.0},
+        deployment=None,
+    )
+    header = text[: text.index("\n## ")]
+    assert (
+        "- **Refused by floors (min_score):** baseline: kb/numeric_match 0.250 below floor 0.500"
+        in header
+    ), header
+    assert "| kb/numeric_match:min_score | FAIL | — | 0.25 |" in text
+    # A candidate that passes its floors gets no such line.
+    results = [candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"])]
+    results[0].evals[0].gates = gates
+    passed = render_markdown(
+        title="t",
+        source={"repo_id": "a/b", "revision": "main", "commit": "c" * 40},
+        results=results,
+        decision=decide(results, Gates()),
+        stage_seconds={},
+        deployment=None,
+    )
+    assert "Refused by floors" not in passed
+
+
 def test_items_table_puts_every_contender_side_by_side():
     from llm_release.report import items_table
 

@@ -184,6 +184,31 @@ def test_a_first_release_deploys_nothing_that_fails_an_absolute_gate():
     assert decision.stable is None and decision.winner is None
 
 
+def test_a_first_release_of_a_model_that_scores_nothing_is_refused_by_the_floor():
+    # The hole of issue 23: with no champion only the absolute gates judge. A model that
+    # scores 0 on a critical set, however fast, is refused, and the summary names the floor.
+    spec = GateSpec(metrics={"m": MetricGate(min_score=0.3, max_drop=0.1)})
+    zero = result("baseline", [0] * 40, spec=spec, levels=[level(tps=500)])
+    decision = decide([zero], Gates())
+    assert decision.stable is None and decision.winner is None and decision.review is None
+    floor = gate(decision, "baseline", "kb/m:min_score")
+    assert (floor.outcome, floor.value, floor.threshold) == ("fail", 0.0, 0.3)
+    assert "refused by floors: baseline: kb/m 0.000 below floor 0.300" in decision.summary
+    # The SLO and the error ceiling passed: the floor alone stopped it.
+    assert [g.gate for g in verdict(decision, "baseline").gates if not g.passed] == [
+        "kb/m:min_score"
+    ]
+
+
+def test_a_first_release_names_the_floor_a_quantized_candidate_failed():
+    spec = GateSpec(metrics={"m": MetricGate(min_score=0.5, max_drop=1.0)})
+    decision = decide(
+        [result("baseline", spec=spec), result("q", [1] * 10 + [0] * 30, spec=spec)], Gates()
+    )
+    assert (decision.stable, decision.winner) == ("baseline", None)
+    assert "(refused by floors: q: kb/m 0.250 below floor 0.500)" in decision.summary
+
+
 def test_a_first_release_makes_the_baseline_stable_only_when_it_passes():
     ok = decide([result("baseline"), result("q")], Gates())
     assert (ok.stable, ok.winner) == ("baseline", "q")
