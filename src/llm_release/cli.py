@@ -412,6 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     sets.add_argument("name", nargs="?")
     sets.add_argument("--root", help="eval-sets folder (default: eval_sets/ of the project)")
     sets.add_argument("--json", action="store_true")
+    sets.add_argument(
+        "--min-score",
+        type=float,
+        help="new: the floor of every metric gate (asked for when omitted on a terminal)",
+    )
+    sets.add_argument("--critical", action="store_true", help="new: a critical set")
     sets.set_defaults(func=cmd_eval_sets)
 
     download = sub.add_parser("download", help="run the acquire stage alone")
@@ -492,12 +498,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"error: {exc.one_line()}", file=sys.stderr)
-    sets.add_argument(
-        "--min-score",
-        type=float,
-        help="new: the floor of every metric gate (asked for when omitted on a terminal)",
-    )
-    sets.add_argument("--critical", action="store_true", help="new: a critical set")
         return 2
     except ValidationError as exc:
         if args.debug:

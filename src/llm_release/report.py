@@ -286,8 +286,11 @@ def render_markdown(
         f"- **Model:** `{source['repo_id']}` revision `{source['revision']}` "
         f"→ commit `{source['commit']}`",
         f"- **Decision:** {decision.summary}",
-        "",
     ]
+    floors = floor_refusals(decision.verdicts)
+    if floors:
+        lines.append("- **Refused by floors (min_score):** " + "; ".join(floors))
+    lines.append("")
     if host is not None:
         lines += host_section(host)
     lines += sizing_section(plan, results)
@@ -330,10 +333,6 @@ def render_markdown(
         for r in failed:
             lines += [f"### {r.name}", "", "```", (r.error or "")[-3000:], "```", ""]
     lines += ["## Stage timings", "", "| stage | seconds | share |", "|---|---|---|"]
-    floors = floor_refusals(decision.verdicts)
-    if floors:
-        lines.append("- **Refused by floors (min_score):** " + "; ".join(floors))
-    lines.append("")
     total = sum(stage_seconds.values()) or 1.0
     for stage, seconds in stage_seconds.items():
         lines.append(f"| {stage} | {seconds:.1f} | {seconds / total:.0%} |")
@@ -351,6 +350,7 @@ def canary_section(canary: RolloutOutcome) -> list[str]:
     """The canary's walk: each window's checks, canary versus stable, and the decision."""
     lines = [
         "## Canary rollout",
+        "",
         f"- **Outcome:** {canary.status} — {canary.reason}",
         f"- **Highest weight served:** {canary.reached_weight}%",
     ]
