@@ -26,6 +26,7 @@ from llm_release.credentials import HubToken
 from llm_release.demo_model import DEMO_REPO_ID
 from llm_release.errors import ConfigError, ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
+from llm_release.loadtest import slo_for
 from llm_release.preflight import check
 from llm_release.promote import DeployTarget
 from llm_release.report import render_markdown
@@ -152,6 +153,7 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
             run_dir / "candidates" / c.name,
             service_name,
             run_id,
+            slo=slo_for(config.gates),
             return_state=True,
         )
         for c in plan

@@ -11,7 +11,7 @@ from llm_release.candidate import measure
 from llm_release.config import EvalConfig, LoadProfile
 from llm_release.contenders import Contender
 from llm_release.probe import ServingPlan
-from llm_release.results import CandidateResult
+from llm_release.results import CandidateResult, Slo
 from tasks.slots import host_slot
 from tasks.states import failed_with, first_line
 
@@ -26,6 +26,7 @@ def measure_contender(
     out_dir: Path,
     public_name: str,
     run_id: str,
+    slo: Slo | None = None,
 ) -> CandidateResult | State:
     """Serve, evaluate, load-test and tear down one contender; the champion's measurement
     is reused when nothing it depends on changed (measurements.fingerprint). A candidate
@@ -72,6 +73,7 @@ def measure_contender(
             out_dir=out_dir,
             public_name=public_name,
             run_id=run_id,
+            slo=slo,
         ).model_copy(update=identity)
     if result.status == "measured":
         measurements.save(result, run_id)

@@ -14,7 +14,7 @@ from .evaluate import run_evaluation
 from .hardware import detect
 from .loadtest import run_load_test
 from .quantize import dir_size
-from .results import CandidateResult
+from .results import CandidateResult, Slo
 from .serve import Owner, Server, make_server
 from .sizing import kv_check
 
@@ -33,8 +33,10 @@ def measure(
     out_dir: Path,
     public_name: str,
     run_id: str | None = None,
+    slo: Slo | None = None,
 ) -> CandidateResult:
-    """Never raises for a candidate's own failure: it is recorded, and the others go on."""
+    """Never raises for a candidate's own failure: it is recorded, and the others go on.
+    ``slo`` (the gates'): GuideLLM reports each load level's attainment of it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     seconds: dict[str, float] = {}
     result = CandidateResult(
@@ -91,6 +93,7 @@ def measure(
                     load,
                     out_dir / "load",
                     request_body=request_body,
+                    slo=slo,
                 )
                 seconds["loadtest"] = time.monotonic() - mark
             log.info("%s: load-tested in %.0fs", name, seconds["loadtest"])

@@ -312,8 +312,11 @@ class TuneConfig(StrictModel):
     requests_per_level: int | None = Field(
         None, ge=1, description="requests per level; null: load.requests_per_level"
     )
-    itl_p95_slo_ms: float = Field(
-        250, gt=0, description="ITL p95 ceiling in ms (TTFT and errors come from gates)"
+    itl_p95_slo_ms: float | None = Field(
+        None,
+        gt=0,
+        description="ITL p95 ceiling in ms; null: gates.itl_p95_slo_ms (TTFT and errors come "
+        "from gates)",
     )
     max_settings: int = Field(8, ge=1, le=100, description="server starts at most per candidate")
     tie_margin: float = Field(
@@ -417,6 +420,12 @@ class Gates(StrictModel):
 
     ttft_p95_slo_s: float = Field(3.0, gt=0, description="TTFT p95 at every load level")
     max_error_rate: float = Field(0.01, ge=0, le=1)
+    itl_p95_slo_ms: float = Field(
+        250,
+        gt=0,
+        description="ITL p95 of the SLO goodput is measured against (the highest load level "
+        "within TTFT p95, ITL p95 and the error ceiling ranks the candidates); not a gate",
+    )
 
 
 class AnalysisConfig(StrictModel):

@@ -1,4 +1,15 @@
-"""Load test: GuideLLM against a candidate endpoint, one concurrency level at a time."""
+"""Load test: GuideLLM against a candidate endpoint, one concurrency level at a time; and
+goodput, the load the candidate serves within the SLO.
+
+Goodput is the highest load level (concurrent streams) whose TTFT p95, ITL p95 and error
+rate meet the SLO, every lower measured level meeting it too; the output tokens/s measured
+at that level breaks a tie. It is read from the percentiles GuideLLM reports, for the levels
+the load profile runs (what the host can afford), and it is what ranks the candidates
+(select) and the tuner's settings (tune) alike. GuideLLM is also given the SLO (its
+``--metrics`` ``slo``: ``ttft_ms``, and ``tpot_ms``, which it compares with each request's
+inter-token latency) and reports per level the share of requests that met it and the
+requests/s that did (``slo_attainment``, ``request_goodput``): the report shows both.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .config import LoadProfile
+from .config import Gates, LoadProfile
 from .credentials import child_env
 from .errors import LoadTestError
-from .results import LoadLevel, LoadResult
+from .results import Goodput, LoadLevel, LoadResult, Slo
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +37,52 @@ def backend_arg(base_url: str, served_name: str, request_body: dict | None = Non
     return json.dumps(backend | {"extras": {"body": request_body}})
 
 
+def slo_for(gates: Gates, itl_p95_ms: float | None = None) -> Slo:
+    """The gates' SLO: TTFT p95 and the error ceiling, and ITL p95 (``itl_p95_ms``, e.g. the
+    tuner's own, replaces the gates' ITL ceiling)."""
+    return Slo(
+        ttft_p95_ms=gates.ttft_p95_slo_s * 1000,
+        itl_p95_ms=itl_p95_ms or gates.itl_p95_slo_ms,
+        max_error_rate=gates.max_error_rate,
+    )
+
+
+def level_verdict(level: LoadLevel, slo: Slo) -> str | None:
+    """None when the level meets the SLO, else what broke it."""
+    if level.requests == 0:
+        return "no request completed"
+    if level.error_rate > slo.max_error_rate:
+        return f"error rate {level.error_rate:.1%} > {slo.max_error_rate:.1%}"
+    if level.ttft_p95_ms > slo.ttft_p95_ms:
+        return f"TTFT p95 {level.ttft_p95_ms:.0f} ms > {slo.ttft_p95_ms:.0f} ms"
+    if level.itl_p95_ms > slo.itl_p95_ms:
+        return f"ITL p95 {level.itl_p95_ms:.0f} ms > {slo.itl_p95_ms:.0f} ms"
+    return None
+
+
+def goodput(levels: list[LoadLevel], slo: Slo) -> Goodput:
+    """The highest measured level that meets ``slo`` with every lower measured level meeting
+    it too, its output tokens/s, and why each failing level failed."""
+    out = Goodput()
+    for level in sorted(levels, key=lambda lv: lv.concurrency):
+        why = level_verdict(level, slo)
+        if why:
+            out.failures[level.concurrency] = why
+        elif not out.failures:
+            out.concurrency = level.concurrency
+            out.output_tokens_per_s = level.output_tokens_per_s
+    return out
+
+
+def slo_metrics(slo: Slo | None) -> list[str]:
+    """GuideLLM's own goodput accounting (``--metrics`` with an ``slo``): per level, the share
+    of requests within the SLO and their rate."""
+    if slo is None:
+        return []
+    objectives = {"ttft_ms": slo.ttft_p95_ms, "tpot_ms": slo.itl_p95_ms}
+    return ["--metrics", json.dumps({"kind": "generative", "slo": objectives})]
+
+
 def build_command(
     base_url: str,
     served_name: str,
@@ -33,6 +90,8 @@ def build_command(
     profile: LoadProfile,
     output_path: Path,
     request_body: dict | None = None,
+    *,
+    slo: Slo | None = None,
 ) -> list[str]:
     streams = ",".join(str(c) for c in profile.concurrencies)
     return [
@@ -56,6 +115,7 @@ def build_command(
         f"kind=max_requests,count={profile.requests_per_level}",
         "--constraint",
         f"kind=max_duration,seconds={profile.max_seconds_per_level}",
+        *slo_metrics(slo),
         "--output",
         f"kind=json,path={output_path}",
     ]
@@ -66,6 +126,10 @@ def _stat(metric: dict, key: str, field: str = "successful") -> float:
     if key in ("mean", "median"):
         return float(block.get(key) or 0.0)
     return float((block.get("percentiles") or {}).get(key) or 0.0)
+
+
+def _optional(value) -> float | None:
+    return None if value is None else float(value)
 
 
 def _stopped_by_time(bench: dict) -> bool:
@@ -99,6 +163,10 @@ def parse_report(report: dict, requests_planned: int = 0) -> list[LoadLevel]:
                 itl_p95_ms=_stat(metrics["inter_token_latency_ms"], "p95"),
                 output_tokens_per_s=_stat(metrics["output_tokens_per_second"], "mean", "total"),
                 requests_per_s=_stat(metrics["requests_per_second"], "mean", "total"),
+                slo_attainment=_optional(metrics.get("slo_attainment")),
+                goodput_rps=_optional(
+                    ((metrics.get("request_goodput") or {}).get("successful") or {}).get("mean")
+                ),
             )
         )
     return levels
@@ -129,8 +197,12 @@ def _run_guidellm(
     report_path: Path,
     log_path: Path,
     request_body: dict | None = None,
+    *,
+    slo: Slo | None = None,
 ) -> list[LoadLevel]:
-    cmd = build_command(base_url, served_name, tokenizer_dir, profile, report_path, request_body)
+    cmd = build_command(
+        base_url, served_name, tokenizer_dir, profile, report_path, request_body, slo=slo
+    )
     env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
     budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
     with log_path.open("wb") as log_file:
@@ -168,10 +240,13 @@ def run_load_test(
     out_dir: Path,
     max_attempts: int = 3,
     request_body: dict | None = None,
+    *,
+    slo: Slo | None = None,
 ) -> LoadResult:
     """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
     times in all, and the fullest measurement of each level is kept. ``request_body``:
-    fields every request carries (``reasoning.request_body``: the thinking switch)."""
+    fields every request carries (``reasoning.request_body``: the thinking switch). With
+    ``slo``, GuideLLM also reports each level's SLO attainment and request goodput."""
     out_dir.mkdir(parents=True, exist_ok=True)
     measured: dict[int, LoadLevel] = {}
     pending = list(profile.concurrencies)
@@ -188,6 +263,7 @@ def run_load_test(
             out_dir / f"guidellm{suffix}.json",
             out_dir / f"guidellm{suffix}.log",
             request_body=request_body,
+            slo=slo,
         ):
             kept = measured.get(level.concurrency)
             if kept is None or level.requests > kept.requests:
@@ -225,4 +301,5 @@ def run_load_test(
         report_path=str(out_dir / "guidellm.json"),
         attempts=attempt,
         notes=notes,
+        slo=slo,
     )

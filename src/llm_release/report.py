@@ -55,6 +55,9 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
                 "size_MB": round(r.size_bytes / 1e6, 1) if r.size_bytes else None,
                 "status": r.status + (" (reused)" if r.reused_from else ""),
                 **{k: round(v, 4) for k, v in scores.items()},
+                "goodput_streams": verdict.goodput.concurrency
+                if verdict and verdict.goodput
+                else None,
                 "ttft_p95_ms_worst": round(worst_ttft, 1) if worst_ttft is not None else None,
                 "itl_p50_ms_top": round(top.itl_p50_ms, 1) if top else None,
                 "output_tok_s_top": round(top.output_tokens_per_s, 1) if top else None,
@@ -118,6 +121,46 @@ def tuning_section(results: list[CandidateResult]) -> list[str]:
         for p in r.tuning.pruned:
             lines.append(f"- {r.name}: not started: {p.setting.label()} — {_cell(p.reason)}")
     lines.append("")
+    return lines
+
+
+def load_section(results: list[CandidateResult], decision: Decision) -> list[str]:
+    """The load curve of every candidate, level by level, against the SLO: which level is
+    its goodput (what ranks the challengers) and why each other level missed it."""
+    verdicts = {v.name: v for v in decision.verdicts}
+    lines = ["## Load test (per concurrency level)", ""]
+    if decision.slo is not None:
+        lines += [
+            f"Goodput: the highest concurrency whose {decision.slo.describe()}, every lower "
+            "level meeting it too; it ranks the challengers (then output tok/s there). "
+            "SLO attainment and conforming req/s are GuideLLM's own (per request: TTFT and "
+            "ITL within the SLO; an error counts as missing it).",
+            "",
+        ]
+    lines += [
+        "| candidate | concurrency | requests | errors | TTFT p50 ms | TTFT p95 ms | "
+        "ITL p50 ms | ITL p95 ms | output tok/s | SLO attainment | conforming req/s | SLO |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        good = verdicts[r.name].goodput if r.name in verdicts else None
+        for lv in r.load.levels if r.load else []:
+            if good is None:
+                mark = "—"
+            elif lv.concurrency in good.failures:
+                mark = f"missed: {_cell(good.failures[lv.concurrency])}"
+            elif lv.concurrency == good.concurrency:
+                mark = "**goodput**"
+            elif lv.concurrency < good.concurrency:
+                mark = "met"
+            else:
+                mark = "met (above a missed level)"
+            lines.append(
+                f"| {r.name} | {lv.concurrency} | {lv.requests} | {lv.errors} | "
+                f"{lv.ttft_p50_ms:.0f} | {lv.ttft_p95_ms:.0f} | {lv.itl_p50_ms:.1f} | "
+                f"{lv.itl_p95_ms:.1f} | {lv.output_tokens_per_s:.1f} | "
+                f"{_fmt(lv.slo_attainment, '.0%')} | {_fmt(lv.goodput_rps, '.2f')} | {mark} |"
+            )
     return lines
 
 
@@ -309,20 +352,7 @@ def render_markdown(
     lines += tuning_section(results)
     lines += quality_section(results)
     lines += gates_section(decision, results)
-    lines += [
-        "## Load test (per concurrency level)",
-        "",
-        "| candidate | concurrency | requests | errors | TTFT p50 ms | TTFT p95 ms | "
-        "ITL p50 ms | output tok/s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        for lv in r.load.levels if r.load else []:
-            lines.append(
-                f"| {r.name} | {lv.concurrency} | {lv.requests} | {lv.errors} | "
-                f"{lv.ttft_p50_ms:.0f} | {lv.ttft_p95_ms:.0f} | {lv.itl_p50_ms:.1f} | "
-                f"{lv.output_tokens_per_s:.1f} |"
-            )
+    lines += load_section(results, decision)
     load_notes = [f"- {r.name}, {note}" for r in results if r.load for note in r.load.notes]
     if load_notes:
         lines += ["", "Levels that measured fewer requests than planned:", "", *load_notes]

@@ -56,6 +56,37 @@ class LoadLevel(Record):
     itl_p95_ms: float
     output_tokens_per_s: float
     requests_per_s: float
+    slo_attainment: float | None = Field(
+        None,
+        description="GuideLLM's share of requests that met every latency objective of the SLO "
+        "it was given (errors count as missing it); None when it was given none",
+    )
+    goodput_rps: float | None = Field(
+        None, description="GuideLLM's request goodput: requests/s that met the SLO"
+    )
+
+
+class Slo(Record):
+    ttft_p95_ms: float = Field(gt=0)
+    itl_p95_ms: float = Field(gt=0)
+    max_error_rate: float = Field(ge=0, le=1)
+
+    def describe(self) -> str:
+        return (
+            f"TTFT p95 ≤ {self.ttft_p95_ms:.0f} ms, ITL p95 ≤ {self.itl_p95_ms:.0f} ms, "
+            f"errors ≤ {self.max_error_rate:.1%}"
+        )
+
+
+class Goodput(Record):
+    """The highest load level that met the SLO with every lower measured level meeting it
+    too (0: not even the lowest), and the output tokens/s measured there."""
+
+    concurrency: int = 0
+    output_tokens_per_s: float = 0.0
+    failures: dict[int, str] = Field(
+        default_factory=dict, description="concurrency → why the level broke the SLO"
+    )
 
 
 class LoadResult(Record):
@@ -63,6 +94,9 @@ class LoadResult(Record):
     report_path: str | None = None
     attempts: int = 1
     notes: list[str] = Field(default_factory=list)
+    slo: Slo | None = Field(
+        None, description="the SLO GuideLLM counted slo_attainment and goodput_rps against"
+    )
 
 
 class Setting(BaseModel):
@@ -82,12 +116,6 @@ class Setting(BaseModel):
         if self.gpu_memory_utilization is not None:
             parts.append(f"util={self.gpu_memory_utilization:g}")
         return " ".join(parts)
-
-
-class Slo(Record):
-    ttft_p95_ms: float = Field(gt=0)
-    itl_p95_ms: float = Field(gt=0)
-    max_error_rate: float = Field(ge=0, le=1)
 
 
 class Trial(Record):
@@ -202,7 +230,12 @@ class CandidateVerdict(Record):
     name: str
     eligible: bool
     gates: list[GateVerdict]
-    rank_key: float | None = None
+    rank_key: float | None = Field(
+        None, description="output tokens/s at the goodput level (at the top level when 0)"
+    )
+    goodput: Goodput | None = Field(
+        None, description="the highest load level within the gates' SLO: what ranks first"
+    )
     needs_review: bool = Field(
         False, description="no gate failed, but a gate was inconclusive under 'review'"
     )
@@ -221,3 +254,4 @@ class Decision(Record):
         None, description="the candidate a human must approve before it can go out"
     )
     reviewed: str | None = Field(None, description="the reviewer's verdict and comment")
+    slo: Slo | None = Field(None, description="the SLO goodput was measured against")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .config import BASELINE, CHAMPION, Gates
 from .evalsets import GateSpec
+from .loadtest import goodput, slo_for
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
 from .stats import detectable_drop, paired_drop_ci
 
@@ -42,7 +43,10 @@ RULE = (
     "review by a human); the same for every gated slice (a zero margin fails on any item "
     "that went from right to wrong); TTFT p95 is under the SLO and the error rate under the "
     "ceiling at every load level. The winner is the eligible challenger with the highest "
-    "output tokens/s at the highest measured concurrency; ties go to the smaller model on "
+    "goodput: the highest load level whose TTFT p95, ITL p95 and error rate meet the SLO "
+    "(gates.ttft_p95_slo_s, gates.itl_p95_slo_ms, gates.max_error_rate), every lower level "
+    "meeting it too; at equal goodput, the one with more output tokens/s at that level (at the "
+    "highest level when no level meets the SLO); then the smaller model on "
     "disk. When no challenger is eligible, the best one awaiting review goes to a human. "
     "On a first release (no champion) there is nothing to compare with: the new commit's "
     "unquantized model becomes stable only if it passes its absolute gates — every critical "
@@ -139,9 +143,12 @@ def judge(
         v.outcome == "inconclusive" and v.policy == "block" for v in blocking
     )
     review = any(v.outcome == "inconclusive" and v.policy == "review" for v in blocking)
-    rank_key = None
+    rank_key, good = None, None
     if served and result.load and result.load.levels:
-        rank_key = max(result.load.levels, key=lambda lv: lv.concurrency).output_tokens_per_s
+        good = goodput(result.load.levels, slo_for(gates))
+        rank_key = good.output_tokens_per_s
+        if not good.concurrency:
+            rank_key = max(result.load.levels, key=lambda lv: lv.concurrency).output_tokens_per_s
     return CandidateVerdict(
         name=result.name,
         role=result.role,
@@ -149,6 +156,7 @@ def judge(
         needs_review=not failed and review,
         gates=verdicts,
         rank_key=rank_key,
+        goodput=good,
     )
 
 
@@ -356,7 +364,8 @@ def decide(results: list[CandidateResult], gates: Gates) -> Decision:
     has_champion = CHAMPION in by_name
 
     def ranked(pool: list[CandidateVerdict]) -> list[CandidateVerdict]:
-        return sorted(pool, key=lambda v: (-(v.rank_key or 0.0), sizes[v.name]))
+        # goodput first, then output tokens/s at the goodput level, then the smaller model
+        return sorted(pool, key=lambda v: (-_goodput(v), -(v.rank_key or 0.0), sizes[v.name]))
 
     challengers = [v for v in verdicts if v.role != "champion"]
     stable: str | None = CHAMPION if has_champion else None
@@ -375,7 +384,7 @@ def decide(results: list[CandidateResult], gates: Gates) -> Decision:
     if not has_champion and stable is None and winner:
         stable, winner = winner, None
     if winner:
-        summary = f"winner: {winner} ({eligible[0].rank_key:.1f} output tok/s at top load)"
+        summary = f"winner: {winner} ({_rank_text(eligible[0])})"
     elif review:
         summary = f"{review} awaits review: a gate was inconclusive and its set asks a human"
     elif stable and not has_champion:
@@ -394,7 +403,13 @@ def decide(results: list[CandidateResult], gates: Gates) -> Decision:
         if has_champion:
             summary += "; the champion keeps serving"
     return Decision(
-        winner=winner, stable=stable, rule=RULE, verdicts=verdicts, summary=summary, review=review
+        winner=winner,
+        stable=stable,
+        rule=RULE,
+        verdicts=verdicts,
+        summary=summary,
+        review=review,
+        slo=slo_for(gates),
     )
 
 
@@ -410,6 +425,18 @@ def floor_refusals(verdicts: list[CandidateVerdict]) -> list[str]:
                 where = g.gate.removesuffix(":min_score")
                 out.append(f"{v.name}: {where} {g.value:.3f} below floor {g.threshold:.3f}")
     return out
+
+
+def _goodput(verdict: CandidateVerdict) -> int:
+    return verdict.goodput.concurrency if verdict.goodput else 0
+
+
+def _rank_text(verdict: CandidateVerdict) -> str:
+    """What ranked ``verdict`` first, in words."""
+    tok_s = verdict.rank_key or 0.0
+    if _goodput(verdict):
+        return f"goodput {_goodput(verdict)} streams within the SLO, {tok_s:.1f} output tok/s there"
+    return f"no load level within the SLO; {tok_s:.1f} output tok/s at the top level"
 
 
 def apply_review(decision: Decision, approved: bool, note: str) -> Decision:

@@ -1,7 +1,8 @@
 """Serving settings tuned per candidate for goodput under the SLO.
 
 Goodput here is the highest load level (concurrent streams) at which TTFT p95 and ITL p95
-stay under the SLO and the error rate under its ceiling, every lower level passing too;
+stay under the SLO and the error rate under its ceiling, every lower level passing too
+(``loadtest.goodput``, the same figure that ranks the candidates in select);
 among settings of equal goodput the one with more output tokens/s at that level is better
 (GuideLLM's requests/s of a single wave of 8 requests is not a stable figure: measured
 0.94 req/s next to 117 tokens/s at 8 streams).
@@ -41,7 +42,7 @@ from . import hub_headers, planner, reasoning, sizing
 from .config import Gates, LoadProfile, ServingConfig, TuneConfig
 from .fileio import atomic_write_text
 from .hardware import Hardware
-from .loadtest import run_load_test
+from .loadtest import goodput, level_verdict, run_load_test, slo_for
 from .results import LoadLevel, Pruned, Record, Setting, Slo, Trial, TuneResult
 from .serve import VllmServer
 
@@ -55,17 +56,7 @@ DIMENSIONS = (
 )
 
 
-def level_verdict(level: LoadLevel, slo: Slo) -> str | None:
-    """None when the level meets the SLO, else what broke it."""
-    if level.requests == 0:
-        return "no request completed"
-    if level.error_rate > slo.max_error_rate:
-        return f"error rate {level.error_rate:.1%} > {slo.max_error_rate:.1%}"
-    if level.ttft_p95_ms > slo.ttft_p95_ms:
-        return f"TTFT p95 {level.ttft_p95_ms:.0f} ms > {slo.ttft_p95_ms:.0f} ms"
-    if level.itl_p95_ms > slo.itl_p95_ms:
-        return f"ITL p95 {level.itl_p95_ms:.0f} ms > {slo.itl_p95_ms:.0f} ms"
-    return None
+__all__ = ["Grid", "Tuner", "goodput", "level_verdict", "tune_candidate"]
 
 
 class Grid(Record):
@@ -189,13 +180,11 @@ class Tuner:
             trial.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("tune: %s failed: %s", setting.label(), trial.error)
         trial.seconds = round(time.monotonic() - begun, 2)
-        passed = [lv for lv in trial.levels if lv.concurrency not in trial.failures]
-        first_fail = min(trial.failures, default=None)
-        run = [lv for lv in passed if first_fail is None or lv.concurrency < first_fail]
         if start_at and todo and todo[0] in trial.failures:
             trial.below = todo[0]
-        elif run and not trial.error:
-            best = max(run, key=lambda lv: lv.concurrency)
+        elif not trial.error:
+            # the levels below start_at were not measured: the incumbent passed them
+            best = goodput(trial.levels, self.slo)
             trial.goodput, trial.goodput_tok_s = best.concurrency, best.output_tokens_per_s
         self.trials[setting] = trial
         log.info(
@@ -407,11 +396,7 @@ def tune_candidate(
         enable_prefix_caching=tune.enable_prefix_caching,
         gpu_memory_utilization=utils,
     )
-    slo = Slo(
-        ttft_p95_ms=gates.ttft_p95_slo_s * 1000,
-        itl_p95_ms=tune.itl_p95_slo_ms,
-        max_error_rate=gates.max_error_rate,
-    )
+    slo = slo_for(gates, tune.itl_p95_slo_ms)
     batched = planner._flag(serving.extra_args, "--max-num-batched-tokens")
     start = Setting(
         max_num_seqs=max(levels),  # admit every request of the top level at once

@@ -121,3 +121,51 @@ def test_any_other_guidellm_failure_fails_with_its_log_tail(monkeypatch, tmp_pat
         loadtest._run_guidellm(
             "http://x", "m", tmp_path, PROFILE, tmp_path / "g.json", tmp_path / "g.log"
         )
+
+
+# A real GuideLLM 0.8.1 report, run with the SLO (--metrics slo: ttft_ms 60, tpot_ms 50)
+# against GuideLLM's own mock server (TTFT 20 ms, ITL 5 ms, one request at a time) at 1 and 4
+# streams (per-request records and unused metrics dropped to keep the file small).
+WITH_SLO = json.loads((Path(__file__).parent / "data" / "guidellm_slo_report.json").read_text())
+
+
+def test_guidellm_is_given_the_slo_and_its_attainment_is_read_back():
+    from llm_release.config import Gates
+
+    slo = loadtest.slo_for(Gates(ttft_p95_slo_s=0.06, itl_p95_slo_ms=50))
+    cmd = loadtest.build_command(
+        "http://x", "m", Path("/tok"), LoadProfile(), Path("/r.json"), slo=slo
+    )
+    metrics = json.loads(cmd[cmd.index("--metrics") + 1])
+    assert metrics == {"kind": "generative", "slo": {"ttft_ms": 60.0, "tpot_ms": 50.0}}
+    # the report GuideLLM wrote with that argument says it measured against the same SLO
+    assert all(b["config"]["slo"]["ttft_ms"] == 60.0 for b in WITH_SLO["benchmarks"])
+    levels = loadtest.parse_report(WITH_SLO, requests_planned=8)
+    assert [(lv.concurrency, lv.slo_attainment) for lv in levels] == [(1, 0.875), (4, 0.5)]
+    assert 9 < levels[0].goodput_rps < 10 and 9 < levels[1].goodput_rps < 10
+    # no SLO given: no --metrics, and a report without it parses to None
+    assert "--metrics" not in loadtest.build_command(
+        "http://x", "m", Path("/tok"), LoadProfile(), Path("/r.json")
+    )
+    assert loadtest.parse_report(CLOSED_EARLY)[0].slo_attainment is None
+
+
+def test_goodput_of_a_real_report_is_the_highest_level_within_the_slo():
+    from llm_release.results import Slo
+
+    levels = loadtest.parse_report(WITH_SLO, requests_planned=8)
+    # TTFT p95 148 ms at 1 stream, 113 ms at 4; ITL p95 6 ms and 16 ms
+    tight = loadtest.goodput(levels, Slo(ttft_p95_ms=60, itl_p95_ms=50, max_error_rate=0.01))
+    assert tight.concurrency == 0 and tight.failures[1] == "TTFT p95 148 ms > 60 ms"
+    loose = loadtest.goodput(levels, Slo(ttft_p95_ms=200, itl_p95_ms=50, max_error_rate=0.01))
+    assert loose.concurrency == 4 and loose.failures == {}
+    assert loose.output_tokens_per_s == levels[1].output_tokens_per_s
+    itl = loadtest.goodput(levels, Slo(ttft_p95_ms=200, itl_p95_ms=10, max_error_rate=0.01))
+    assert (itl.concurrency, itl.failures) == (1, {4: "ITL p95 16 ms > 10 ms"})
+
+
+def test_the_tuner_and_the_ranking_share_one_goodput():
+    from llm_release import select, tune
+
+    assert tune.goodput is loadtest.goodput and select.goodput is loadtest.goodput
+    assert tune.level_verdict is loadtest.level_verdict

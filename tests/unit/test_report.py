@@ -139,3 +139,52 @@ def test_items_table_puts_every_contender_side_by_side():
     row = table.set_index("item").loc["i0"]
     assert (row["baseline"], row["w4a16"], row["answer:w4a16"]) == (1.0, 0.0, "7 bar")
     assert len(table) == 4
+
+
+def test_the_load_curve_marks_each_candidates_goodput_against_the_slo():
+    def level(concurrency, itl_p95, tps, attainment=None):
+        return LoadLevel(
+            concurrency=concurrency,
+            requests=8,
+            errors=0,
+            error_rate=0,
+            ttft_p50_ms=100,
+            ttft_p95_ms=200,
+            itl_p50_ms=30,
+            itl_p95_ms=itl_p95,
+            output_tokens_per_s=tps,
+            requests_per_s=1,
+            slo_attainment=attainment,
+            goodput_rps=0.75 if attainment is not None else None,
+        )
+
+    results = [
+        candidate("baseline", [1, 1, 1, 1], ["0 bar", "1 bar", "2 bar", "3 bar"]),
+        candidate("fast", [1, 1, 1, 1], ["0 bar", "1 bar", "2 bar", "3 bar"]),
+        candidate("steady", [1, 1, 1, 1], ["0 bar", "1 bar", "2 bar", "3 bar"]),
+    ]
+    results[1].load = LoadResult(levels=[level(1, 40, 30, 1.0), level(4, 400, 90, 0.25)])
+    results[2].load = LoadResult(levels=[level(1, 40, 25), level(4, 60, 70)])
+    decision = decide(results, Gates())
+    text = render_markdown(
+        title="t",
+        source={"repo_id": "a/b", "revision": "main", "commit": "c" * 40},
+        results=results,
+        decision=decision,
+        stage_seconds={"acquire": 1.0},
+        deployment=None,
+    )
+    assert decision.winner == "steady"
+    assert "Goodput: the highest concurrency whose TTFT p95 ≤ 3000 ms, ITL p95 ≤ 250 ms" in text
+    assert (
+        "| fast | 1 | 8 | 0 | 100 | 200 | 30.0 | 40.0 | 30.0 | 100% | 0.75 | **goodput** |" in text
+    )
+    assert (
+        "| fast | 4 | 8 | 0 | 100 | 200 | 30.0 | 400.0 | 90.0 | 25% | 0.75 | missed: ITL p95"
+        in text
+    )
+    assert "| steady | 4 | 8 | 0 | 100 | 200 | 30.0 | 60.0 | 70.0 | — | — | **goodput** |" in text
+    assert "| steady | 1 | 8 | 0 | 100 | 200 | 30.0 | 40.0 | 25.0 | — | — | met |" in text
+    # the candidates table has the goodput column
+    header = next(line for line in text.splitlines() if line.startswith("| verdict |"))
+    assert "goodput_streams" in header

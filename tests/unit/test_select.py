@@ -15,7 +15,7 @@ from llm_release.select import apply_review, decide
 SPEC = GateSpec(metrics={"m": MetricGate(min_score=0.0, max_drop=0.05)})
 
 
-def level(concurrency=4, ttft_p95=200.0, tps=50.0, errors=0, requests=8):
+def level(concurrency=4, ttft_p95=200.0, tps=50.0, errors=0, requests=8, itl_p95=40.0):
     return LoadLevel(
         concurrency=concurrency,
         requests=requests,
@@ -24,7 +24,7 @@ def level(concurrency=4, ttft_p95=200.0, tps=50.0, errors=0, requests=8):
         ttft_p50_ms=ttft_p95 / 2,
         ttft_p95_ms=ttft_p95,
         itl_p50_ms=30,
-        itl_p95_ms=40,
+        itl_p95_ms=itl_p95,
         output_tokens_per_s=tps,
         requests_per_s=1.0,
     )
@@ -256,9 +256,54 @@ def test_failed_candidate_never_wins_even_if_listed_first():
     assert not broken.eligible and "boom" in broken.gates[0].detail
 
 
-def test_highest_throughput_at_top_load_wins_and_ties_go_to_smaller():
+def test_at_equal_goodput_more_tokens_there_wins_and_ties_go_to_smaller():
+    # every level within the SLO: goodput 4 for all, so output tok/s at 4 decides
     a = result("a", levels=[level(1, tps=100), level(4, tps=40)])
     b = result("b", levels=[level(1, tps=10), level(4, tps=60)])
     assert decide([result("baseline"), a, b], Gates()).winner == "b"
     c = result("c", levels=[level(4, tps=60)], size=50)
     assert decide([result("baseline"), b, c], Gates()).winner == "c"
+
+
+def test_goodput_decides_not_throughput_at_the_top_level():
+    # 'fast' serves the most tokens/s at 8 streams, but its ITL p95 breaks the SLO (250 ms)
+    # already at 4 streams: it serves 1 stream within the SLO, 'steady' serves 8.
+    fast = result(
+        "fast",
+        levels=[level(1, tps=30), level(4, tps=90, itl_p95=400), level(8, tps=150, itl_p95=600)],
+    )
+    steady = result("steady", levels=[level(1, tps=25), level(4, tps=70), level(8, tps=110)])
+    decision = decide([result("baseline"), fast, steady], Gates())
+    assert decision.winner == "steady", decision.summary
+    assert verdict(decision, "fast").eligible  # ITL ranks, it does not gate
+    assert verdict(decision, "fast").goodput.concurrency == 1
+    assert verdict(decision, "fast").goodput.failures == {
+        4: "ITL p95 400 ms > 250 ms",
+        8: "ITL p95 600 ms > 250 ms",
+    }
+    assert verdict(decision, "steady").goodput.concurrency == 8
+    assert "goodput 8 streams within the SLO, 110.0 output tok/s there" in decision.summary
+    assert decision.slo.itl_p95_ms == 250 and decision.slo.ttft_p95_ms == 3000
+    # the gates' ITL ceiling is the SLO's: raised, both reach 8 and tokens/s decides
+    loose = decide([result("baseline"), fast, steady], Gates(itl_p95_slo_ms=1000))
+    assert loose.winner == "fast"
+
+
+def test_a_level_above_a_missed_one_does_not_count():
+    # 'gap' misses the ITL ceiling at 4 streams and meets the SLO again at 8 (noise, or a
+    # batch that fills better): its goodput is 1, not 8.
+    gap = result("gap", levels=[level(1, tps=20), level(4, tps=80, itl_p95=300), level(8, tps=200)])
+    even = result("even", levels=[level(1, tps=20), level(4, tps=60), level(8, tps=90)])
+    decision = decide([result("baseline"), gap, even], Gates())
+    assert verdict(decision, "gap").goodput.concurrency == 1
+    assert decision.winner == "even"
+
+
+def test_with_no_level_within_the_slo_tokens_at_the_top_level_rank():
+    slow = Gates(itl_p95_slo_ms=1)  # nothing meets it
+    a = result("a", levels=[level(1, tps=30), level(4, tps=50)])
+    b = result("b", levels=[level(1, tps=10), level(4, tps=70)])
+    decision = decide([result("baseline"), a, b], slow)
+    assert verdict(decision, "a").goodput.concurrency == 0
+    assert decision.winner == "b"
+    assert "no load level within the SLO; 70.0 output tok/s at the top level" in decision.summary
