@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
-from . import credentials, local_source, paths, safety
+from . import credentials, disk, local_source, paths, safety
 from .config import SourceConfig
 from .credentials import HubToken
 from .download import (
@@ -394,6 +394,10 @@ def acquire(
     if len(verified) == len(remote_files):
         return Acquired(model_dir, manifest_path, commit, source.repo_id, 0, reused=True)
 
+    # The listed sizes still to fetch must fit the target's free space before a byte is written.
+    disk.check_download(
+        f"{source.repo_id}@{commit[:12]}", model_dir, [(r.path, r.size) for r in remote_files]
+    )
     model_dir.mkdir(parents=True, exist_ok=True)
     if on_start is not None:
         on_start(sum(r.size or 0 for r in remote_files), len(remote_files))

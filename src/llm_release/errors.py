@@ -97,3 +97,8 @@ class AlertRulesError(MetricsError):
 
 class TrafficError(ConfigError):
     """Demo traffic refused before anything was sent: a target off this machine, bad rates."""
+
+
+class DiskSpaceError(ReleaseError):
+    """A download or quantization would not fit the free space of its target folder:
+    refused before the first byte is written."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
-from . import hardware, paths, recipes
+from . import disk, hardware, paths, recipes
 from .config import CandidateConfig
 from .errors import ConfigError, QuantizeError
 from .fileio import atomic_write_json, sha256_file
@@ -264,6 +264,8 @@ def quantize(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     staging = out_root / f".{out_dir.name}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
+    # The artifact's estimated size must fit out_root's free space before a byte is written.
+    disk.check_quantize(model_dir, candidate, plan, out_root)
     started = time.monotonic()
     host_copy = None
     if path == MODEL_FREE:
