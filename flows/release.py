@@ -292,6 +292,13 @@ def cli_config(description: str) -> CliRun:
     parser.add_argument("--repo-id", default=DEMO_REPO_ID)
     parser.add_argument("--revision", default="main")
     parser.add_argument("--hub-endpoint", default=None)
+    parser.add_argument(
+        "--hub",
+        choices=["huggingface", "modelscope"],
+        default=None,
+        help="the hub the model is on, over the config's source.hub (default: the config's, "
+        "else huggingface; modelscope: --hub-endpoint, MODELSCOPE_ENDPOINT or modelscope.cn)",
+    )
     parser.add_argument("--config", type=Path, help="JSON file: a ReleaseConfig (source optional)")
     parser.add_argument("--output", type=Path, help="write the flow's result (JSON) here")
     parser.add_argument(
@@ -318,6 +325,8 @@ def cli_config(description: str) -> CliRun:
         if args.hub_endpoint:
             source["endpoint"] = args.hub_endpoint
         data["source"] = source | data.get("source", {})
+        if args.hub:  # named on the command line: it wins over the config's
+            data["source"]["hub"] = args.hub
         return CliRun(
             config=ReleaseConfig.model_validate(data),
             output=args.output,

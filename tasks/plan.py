@@ -11,13 +11,11 @@ from llm_release.sizing import plan_release, read_release_model
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_serving(config: ReleaseConfig, token: HubToken | None = None) -> Plan | None:
-    """Size the release from the repo's headers before any download; refuse what cannot fit."""
+def plan_serving(config: ReleaseConfig, token: HubToken | None = None) -> Plan:
+    """Size the release from the repo's headers (a Hugging Face hub, ModelScope or a local
+    folder) before any download; refuse what cannot fit."""
     logger = get_run_logger()
     files = read_release_model(config, token)
-    if files is None:
-        logger.warning("%s: no shard headers to plan from (ModelScope)", config.source.repo_id)
-        return None
     plan = plan_release(config, detect(), files)
     logger.info("plan (%d bytes of headers read): %s", files.bytes_read, plan.verdict)
     return plan

@@ -270,7 +270,9 @@ def cmd_download(args: argparse.Namespace) -> int:
     from .acquire import TransferSettings, acquire, check_repo_contract
     from .config import SourceConfig
 
-    source = SourceConfig(repo_id=args.repo_id, revision=args.revision, endpoint=args.endpoint)
+    source = SourceConfig(
+        hub=args.hub, repo_id=args.repo_id, revision=args.revision, endpoint=args.endpoint
+    )
     settings = TransferSettings(workers=args.workers, stall_timeout_s=args.stall_timeout)
     bar = tqdm(
         total=0, unit="B", unit_scale=True, unit_divisor=1024, desc="download", disable=args.quiet
@@ -311,6 +313,64 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _default_max_model_len() -> int:
+    from .config import ServingConfig
+
+    return ServingConfig.model_fields["max_model_len"].default
+
+
+def serving_max_model_len(config: str | None) -> int:
+    """The max_model_len the release serves at: ``serving.max_model_len`` of the release
+    config JSON ``config`` (e.g. configs/demo.json), else ServingConfig's default."""
+    from .config import ServingConfig
+    from .errors import ConfigError
+
+    if not config:
+        return _default_max_model_len()
+    try:
+        data = json.loads(Path(config).read_text())
+        serving = data.get("serving", {}) if isinstance(data, dict) else None
+        if not isinstance(serving, dict):
+            raise ValueError("its 'serving' is not an object")
+        return ServingConfig.model_validate(serving).max_model_len
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"--config {config}: {one_line(exc)}",
+            hint="pass a release config JSON (like configs/demo.json), or --max-model-len",
+        ) from None
+
+
+def model_maximum_note(planner, files, request, result, args) -> str | None:
+    """The plan at the model's own maximum length, beside the one at the serving length."""
+    from .errors import ReleaseError
+
+    try:
+        at_max = planner.plan(
+            planner.parse_config(files.config),
+            planner.weights_from_tensors(files.tensors),
+            request.model_copy(update={"max_model_len": None}),
+            model=args.model,
+        )
+    except (ReleaseError, ValueError) as exc:
+        return f"at the model's maximum length: no plan ({one_line(exc)})"
+    if at_max.max_model_len == result.max_model_len:
+        return None
+    source = "the release's default serving.max_model_len"
+    if args.max_model_len:
+        source = "--max-model-len"
+    elif args.config:
+        source = f"serving.max_model_len of {args.config}"
+    figures = ", ".join(
+        f"TP {o.tensor_parallel_size}: {o.kv_cache_tokens:,} KV tokens"
+        + ("" if o.fits else " (does not fit)")
+        for o in at_max.options
+    )
+    return (
+        f"planned at max_model_len {result.max_model_len:,} ({source}); at the model's "
+        f"maximum, {at_max.max_model_len:,}: {figures}"
+    )
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Size a model folder or a hub repo (headers only) for vLLM; logic in planner."""
     from . import corrections, hub_headers, planner
@@ -325,7 +385,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             hint="pass an existing folder with config.json, or a repo id with --endpoint",
         )
     else:
-        files = hub_headers.read_hub(args.model, revision=args.revision, endpoint=args.endpoint)
+        files = hub_headers.read_hub(
+            args.model, revision=args.revision, endpoint=args.endpoint, hub=args.hub
+        )
     try:
         gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
     except ValueError as exc:
@@ -336,7 +398,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         gpu_counts=gpus or [1],
         gpu_memory_utilization=args.gpu_memory_utilization,
         cpu_kvcache_space_gib=args.cpu_kvcache_gib or 1,
-        max_model_len=args.max_model_len,
+        max_model_len=args.max_model_len or serving_max_model_len(args.config),
         concurrency=args.concurrency,
         kv_cache_dtype=args.kv_cache_dtype,
         dtype=args.dtype,
@@ -353,6 +415,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(result.model_dump_json(indent=2))
     else:
         print(planner.format_plan(result))
+        at_max = model_maximum_note(planner, files, request, result, args)
+        if at_max:
+            print(at_max)
         print(f"read: {files.bytes_read:,} bytes ({len(files.shards)} shard headers)")
     return 0 if result.fits else 1
 
@@ -424,6 +489,13 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("repo_id")
     download.add_argument("--revision", default="main")
     download.add_argument(
+        "--hub",
+        choices=["huggingface", "modelscope"],
+        default="huggingface",
+        help="the hub --endpoint speaks (default: huggingface; modelscope: MODELSCOPE_ENDPOINT "
+        "or modelscope.cn)",
+    )
+    download.add_argument(
         "--endpoint",
         help="hub endpoint (default: HF_ENDPOINT or the hub); HF_TOKEN goes only to "
         "huggingface.co and the endpoints in LLM_RELEASE_HF_TOKEN_ENDPOINTS",
@@ -450,11 +522,26 @@ def build_parser() -> argparse.ArgumentParser:
         "huggingface.co and the endpoints in LLM_RELEASE_HF_TOKEN_ENDPOINTS",
     )
     plan.add_argument("--revision", default="main")
+    plan.add_argument(
+        "--hub",
+        choices=["huggingface", "modelscope"],
+        default="huggingface",
+        help="the hub a repo id is read from (default: huggingface; modelscope: "
+        "MODELSCOPE_ENDPOINT or modelscope.cn)",
+    )
     plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU")
     plan.add_argument("--gpus", default="1,2,4,8", help="tensor-parallel sizes to try")
     plan.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     plan.add_argument("--cpu-kvcache-gib", type=int, help="plan for vLLM CPU with this KV space")
-    plan.add_argument("--max-model-len", type=int, help="default: the model's maximum")
+    plan.add_argument(
+        "--max-model-len",
+        type=int,
+        help="default: the release's serving.max_model_len (--config's, else "
+        f"{_default_max_model_len()}); the figure at the model's maximum is printed beside it",
+    )
+    plan.add_argument(
+        "--config", help="a release config JSON (e.g. configs/demo.json): its serving settings"
+    )
     plan.add_argument("--concurrency", type=int, default=1, help="sequences at max-model-len")
     plan.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
     plan.add_argument(

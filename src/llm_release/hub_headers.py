@@ -50,6 +50,7 @@ DEFAULT_PLAN_DEADLINE_S = 120.0
 MAX_PLAN_DEADLINE_S = 3600.0
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
+MODELSCOPE_DEFAULT = "https://www.modelscope.cn"
 _SHARD_NAME = re.compile(r"^[\w.\-]+\.safetensors$")
 
 
@@ -282,6 +283,23 @@ def read_local(model_dir: Path) -> ModelFiles:
 # ---------------------------------------------------------------- a hub repo
 
 
+def modelscope_endpoint(explicit: str | None) -> str:
+    """The ModelScope endpoint: ``explicit``, else MODELSCOPE_ENDPOINT, else modelscope.cn."""
+    return (explicit or os.environ.get("MODELSCOPE_ENDPOINT") or MODELSCOPE_DEFAULT).rstrip("/")
+
+
+def modelscope_file_url(endpoint: str, repo_id: str, path: str, revision: str) -> str:
+    """A file of a ModelScope model, as its SDK fetches it (``main`` is ModelScope's
+    ``master``)."""
+    from urllib.parse import quote_plus
+
+    revision = "master" if revision == "main" else revision
+    return (
+        f"{endpoint.rstrip('/')}/api/v1/models/{repo_id}/repo?"
+        f"Revision={quote_plus(revision)}&FilePath={quote_plus(path)}"
+    )
+
+
 def read_hub(
     repo_id: str,
     *,
@@ -290,8 +308,13 @@ def read_hub(
     timeout: float = TIMEOUT_S,
     token: HubToken | None = None,
     deadline_s: float | None = None,
+    hub: str = "huggingface",
 ) -> ModelFiles:
     """config.json, the index and every shard header of a hub repo, by range requests.
+
+    ``hub="modelscope"`` reads them through ModelScope's file API (``/api/v1/models/ID/repo
+    ?Revision=R&FilePath=F``, the URL its SDK downloads from, which honours ranges) from
+    ``endpoint`` or MODELSCOPE_ENDPOINT (default modelscope.cn); ``main`` is its ``master``.
 
     All reads share one wall-clock budget, ``deadline_s`` (default: the operator's
     LLM_RELEASE_PLAN_DEADLINE_S, else 120 s); past it the plan fails naming the host.
@@ -301,9 +324,12 @@ def read_hub(
     from huggingface_hub import hf_hub_url
     from huggingface_hub.utils import build_hf_headers, get_session
 
-    endpoint = credentials.hub_endpoint(endpoint)
+    if hub == "modelscope":
+        endpoint = credentials.check_hub_endpoint(modelscope_endpoint(endpoint))
+    else:
+        endpoint = credentials.hub_endpoint(endpoint)
     session = get_session()
-    headers = build_hf_headers(token=credentials.token_for(endpoint, token))
+    headers = build_hf_headers(token=credentials.token_for(endpoint, token, hub=hub))
     files = ModelFiles(source=f"{endpoint}/{repo_id}@{revision}", config={}, tensors={}, shards=[])
     deadline = _Deadline(deadline_s if deadline_s is not None else plan_deadline_s(), endpoint)
 
@@ -315,7 +341,10 @@ def read_hub(
         max_bytes: int = MAX_JSON_BYTES,
     ):
         deadline.check()
-        url = hf_hub_url(repo_id, path, revision=files.commit or revision, endpoint=endpoint)
+        if hub == "modelscope":
+            url = modelscope_file_url(endpoint, repo_id, path, revision)
+        else:
+            url = hf_hub_url(repo_id, path, revision=files.commit or revision, endpoint=endpoint)
         extra = dict(headers)
         if byte_range:
             extra["Range"] = f"bytes={byte_range[0]}-{byte_range[1]}"

@@ -66,18 +66,21 @@ def plan_release(
 
 def read_release_model(
     config: ReleaseConfig, token: HubToken | None = None
-) -> hub_headers.ModelFiles | None:
-    """Config and shard headers of the release's model without its weights; None where the
-    source cannot be read that way (ModelScope). ``token`` (a block's) goes to its own
-    endpoint only; without one, ``credentials.token_for`` decides (read_hub)."""
+) -> hub_headers.ModelFiles:
+    """Config and shard headers of the release's model without its weights, from a local
+    folder, a Hugging Face hub or ModelScope (its file API, by range requests alike).
+    ``token`` (a block's) goes to its own endpoint only; without one,
+    ``credentials.token_for`` decides (read_hub)."""
     source = config.source
     if source.hub == "local":
         # Only from a folder under the operator's roots, every file inside them (links too).
         return hub_headers.read_local(local_source.checked_folder(source.local_path or ""))
-    if source.hub == "modelscope":
-        return None
     return hub_headers.read_hub(
-        source.repo_id, revision=source.revision, endpoint=source.endpoint, token=token
+        source.repo_id,
+        revision=source.revision,
+        endpoint=source.endpoint,
+        token=token,
+        hub=source.hub,
     )
 
 

@@ -1,0 +1,69 @@
+"""`llm-release plan` plans at the length the release serves (serving.max_model_len), and
+prints the figure at the model's own maximum beside it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from llm_release.cli import main
+from llm_release.config import ServingConfig
+
+
+@pytest.fixture()
+def long_model(tiny_model_dir, tmp_path):
+    """The tiny model, declaring 8,192 positions (the release serves 2,048)."""
+    folder = tmp_path / "long"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 8192
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_plan_defaults_to_the_serving_length_and_shows_the_model_maximum(long_model, capsys):
+    assert ServingConfig().max_model_len == 2048
+    assert main(["plan", str(long_model), "--cpu-kvcache-gib", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "max_model_len 2,048" in out.splitlines()[2]  # the headline is the serving length
+    assert (
+        "planned at max_model_len 2,048 (the release's default serving.max_model_len); "
+        "at the model's maximum, 8,192: TP 1: 2,097,152 KV tokens"
+    ) in out
+    assert main(["plan", str(long_model), "--cpu-kvcache-gib", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_model_len"] == 2048
+
+
+def test_plan_takes_the_length_of_a_release_config(long_model, tmp_path, capsys):
+    config = tmp_path / "release.json"
+    config.write_text(json.dumps({"serving": {"max_model_len": 1024}}))
+    assert main(["plan", str(long_model), "--cpu-kvcache-gib", "1", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert f"planned at max_model_len 1,024 (serving.max_model_len of {config})" in out
+    # an explicit length wins, and a model whose maximum it is prints no second figure
+    argv = ["plan", str(long_model), "--cpu-kvcache-gib", "1", "--max-model-len", "8192"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "max_model_len 8,192" in out and "at the model's maximum" not in out
+
+
+def test_the_shipped_demo_config_is_what_plan_reads(long_model, capsys):
+    from llm_release.paths import project_root
+
+    demo = project_root() / "configs" / "demo.json"
+    length = json.loads(demo.read_text())["serving"]["max_model_len"]
+    assert main(["plan", str(long_model), "--cpu-kvcache-gib", "1", "--config", str(demo)]) == 0
+    assert f"planned at max_model_len {length:,} (serving.max_model_len of {demo})" in (
+        capsys.readouterr().out
+    )
+
+
+def test_a_broken_release_config_is_one_line(long_model, tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"serving": {"max_model_len": 1}}))
+    assert main(["plan", str(long_model), "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --config") and "max_model_len" in err
+    assert len(err.strip().splitlines()) == 1
