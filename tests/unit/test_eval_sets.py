@@ -165,7 +165,11 @@ def test_variant_includes_a_base_yaml(root):
 
 def test_project_defaults_fill_unset_gates(root):
     (root / "defaults.yaml").write_text("gates:\n  max_drop: 0.2\n  min_score: 0.1\n")
-    edit(root / "kb2" / "task.yaml", "numeric_match: {min_score: 0.0, max_drop: 0.05}", "numeric_match: {}")
+    edit(
+        root / "kb2" / "task.yaml",
+        "numeric_match: {min_score: 0.0, max_drop: 0.05}",
+        "numeric_match: {}",
+    )
     gate = load_eval_set("kb2", root).gates.metrics["numeric_match"]
     assert (gate.max_drop, gate.min_score) == (0.2, 0.1)
 
