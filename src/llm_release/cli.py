@@ -392,9 +392,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
         gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
     except ValueError as exc:
         raise ConfigError(f"--gpus {args.gpus!r} is not a comma-separated list of counts") from exc
+    memory_note = None
+    gpu_memory = args.gpu_memory_gib
+    if gpu_memory is None and not args.cpu_kvcache_gib:
+        from .hardware import ASSUMED_GPU_MEMORY_GIB, gpu_memory_gib
+
+        gpu_memory = gpu_memory_gib()
+        memory_note = (
+            f"GPU memory: {gpu_memory:.2f} GiB per GPU, read from GPU 0"
+            if gpu_memory
+            else f"GPU memory: no GPU here, {ASSUMED_GPU_MEMORY_GIB:g} GiB per GPU assumed "
+            "(pass --gpu-memory-gib for the target host's card)"
+        )
+        gpu_memory = gpu_memory or ASSUMED_GPU_MEMORY_GIB
     request = planner.PlanRequest(
         device="cpu" if args.cpu_kvcache_gib else "gpu",
-        gpu_memory_gib=args.gpu_memory_gib,
+        gpu_memory_gib=gpu_memory or 80.0,
         gpu_counts=gpus or [1],
         gpu_memory_utilization=args.gpu_memory_utilization,
         cpu_kvcache_space_gib=args.cpu_kvcache_gib or 1,
@@ -418,6 +431,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         at_max = model_maximum_note(planner, files, request, result, args)
         if at_max:
             print(at_max)
+        if memory_note:
+            print(memory_note)
         print(f"read: {files.bytes_read:,} bytes ({len(files.shards)} shard headers)")
     return 0 if result.fits else 1
 
@@ -529,7 +544,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the hub a repo id is read from (default: huggingface; modelscope: "
         "MODELSCOPE_ENDPOINT or modelscope.cn)",
     )
-    plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory per GPU")
+    plan.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="memory per GPU (default: GPU 0's as torch reads it; 80 when there is no GPU)",
+    )
     plan.add_argument("--gpus", default="1,2,4,8", help="tensor-parallel sizes to try")
     plan.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     plan.add_argument("--cpu-kvcache-gib", type=int, help="plan for vLLM CPU with this KV space")

@@ -32,6 +32,12 @@ def _set_name(value: str, what: str) -> str:
     return value
 
 
+# A CPU server's batch when the config names none (the demo host's two cores).
+CPU_MAX_NUM_SEQS = 16
+# vLLM's own --max-num-seqs on a GPU of >= 70 GiB (engine/arg_utils.py get_batch_defaults).
+GPU_MAX_NUM_SEQS_CAP = 1024
+
+
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -137,7 +143,13 @@ class ServingConfig(StrictModel):
     """The vLLM arguments operators tune; the same for every candidate of a release."""
 
     max_model_len: int = Field(2048, ge=64)
-    max_num_seqs: int = Field(16, ge=1)
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM --max-num-seqs. None: from the plan when the server starts — on a GPU "
+        "the sequences of max_model_len the planner's KV cache holds (at most vLLM's own 1024), "
+        f"on a CPU {CPU_MAX_NUM_SEQS}",
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (GiB) on CPU")
     cpu_threads_bind: str = Field(
@@ -389,7 +401,7 @@ class EvalConfig(StrictModel):
             return self.num_concurrent
         if serving is None:
             return LIVE_EVAL_CONCURRENCY
-        return min(serving.max_num_seqs, MAX_EVAL_CONCURRENCY)
+        return min(serving.max_num_seqs or CPU_MAX_NUM_SEQS, MAX_EVAL_CONCURRENCY)
 
     @field_validator("eval_sets")
     @classmethod

@@ -336,6 +336,10 @@ class Server(ABC):
             )
         if self.serving.dtype == "fastest":
             self.serving = resolve_dtype(self.serving, self.model_dir)
+        if self.serving.max_num_seqs is None:
+            from .sizing import resolve_batch
+
+            self.serving = resolve_batch(self.model_dir, self.serving, hardware.detect())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
 
     def _claim_gpus(self) -> None:

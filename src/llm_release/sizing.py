@@ -26,9 +26,9 @@ log = logging.getLogger(__name__)
 
 
 def _gpu_memory_gib() -> float:
-    import torch
+    from .hardware import ASSUMED_GPU_MEMORY_GIB, gpu_memory_gib
 
-    return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return gpu_memory_gib() or ASSUMED_GPU_MEMORY_GIB
 
 
 def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.PlanRequest:
@@ -122,3 +122,29 @@ def plan_for_dir(
         planner.weights_from_tensors(files.tensors),
         _request(serving, host, dtype),
     )
+
+
+def resolve_batch(model_dir: Path, serving: ServingConfig, host: Hardware) -> ServingConfig:
+    """``serving.max_num_seqs`` made concrete when the config leaves it to the plan: on a GPU
+    the sequences of max_model_len the planner's KV cache holds on this GPU, at most vLLM's
+    own default (1024 on a GPU of >= 70 GiB), so the server never queues what it could hold;
+    on a CPU the demo host's 16. An explicit value is kept."""
+    from .config import CPU_MAX_NUM_SEQS, GPU_MAX_NUM_SEQS_CAP
+
+    if serving.max_num_seqs is not None:
+        return serving
+    seqs = CPU_MAX_NUM_SEQS
+    if host.cuda:
+        try:
+            option = plan_for_dir(model_dir, serving.model_copy(update={"max_num_seqs": 1}), host)
+        except (ReleaseError, ValueError, KeyError) as exc:
+            log.warning("max_num_seqs: no plan for %s (%s); vLLM's default is used", model_dir, exc)
+            option = None
+        fitting = option.options[0] if option and option.options else None
+        seqs = (
+            max(1, min(GPU_MAX_NUM_SEQS_CAP, int(fitting.max_concurrency)))
+            if fitting and fitting.max_concurrency >= 1
+            else GPU_MAX_NUM_SEQS_CAP
+        )
+        log.info("max_num_seqs %d from the plan for %s", seqs, model_dir)
+    return serving.model_copy(update={"max_num_seqs": seqs})
