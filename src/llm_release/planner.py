@@ -903,17 +903,32 @@ def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
     return "float32" if "avx512_bf16" in detect().cpu.flags else "auto"
 
 
+# vLLM's non-KV GPU memory beyond the weights has two terms (gpu_worker.determine_available_
+# memory): the torch peak of its profile run and the non-torch memory that grew meanwhile
+# (cuBLAS/NCCL workspaces). Measured through the project's servers on the H200 with vLLM 0.26
+# at DEBUG (docs/gpu-serving-2026-12-01.jsonl): non-torch 0.22 GiB for each of SmolLM2's bf16,
+# FP8 and W4A16 folders; torch peak 0.14 GiB, which the activation + logits terms below give
+# (0.13). The shared 1.17B Llama figures (non-KV 0.72-0.78 GiB) fit within 0.15 GiB. CUDA
+# graphs are captured after the KV cache is sized: vLLM 0.26 did not subtract them.
+GPU_NON_TORCH_GIB = 0.22
+# MoE and hybrid models keep the older, larger reserve until they are measured the same way:
+# their fused-MoE workspaces grow with top-k (issue 21), so the dense figure would promise
+# KV memory that is not there.
+GPU_NON_TORCH_MOE_GIB = 1.5
+
+
 def estimate_overhead_bytes(arch: ModelArch, tp: int, batched_tokens: int) -> int:
-    """Non-KV GPU memory of one rank: vLLM's profiling peak of one ``batched_tokens`` step
-    (hidden states and the widest MLP/expert activation in bf16, fp32 logits of up to 256
-    sampled rows), plus ~1.5 GiB of CUDA context, CUDA graphs and NCCL/cuBLAS workspaces.
-    A rough figure, to be replaced by what vLLM reports for the model (issue 13, item 2)."""
+    """Non-KV GPU memory of one rank beyond its weights: vLLM's profiling peak of one
+    ``batched_tokens`` step (hidden states and the widest MLP/expert activation in bf16, fp32
+    logits of up to 256 sampled rows) plus the non-torch reserve (GPU_NON_TORCH_GIB for a
+    dense model, GPU_NON_TORCH_MOE_GIB for a MoE or hybrid one)."""
     width = arch.intermediate_size
     if arch.moe:
         width = max(arch.moe.moe_intermediate_size * arch.moe.experts_per_token, width)
     act = batched_tokens * (4 * arch.hidden_size + 2 * width // tp) * 2
     logits = 256 * arch.vocab_size // tp * 4
-    return int(act + logits + 1.5 * GiB)
+    reserve = GPU_NON_TORCH_MOE_GIB if (arch.moe or arch.linear) else GPU_NON_TORCH_GIB
+    return int(act + logits + reserve * GiB)
 
 
 def _tp_problem(arch: ModelArch, tp: int) -> str | None:

@@ -98,3 +98,14 @@ def test_vllm_026_two_line_report_and_debug_profile():
     assert report.profile.cuda_graph_util == 0.0031
     # the first line alone (a start still logging) is not a report yet
     assert parse_vllm_kv_report(text.rsplit("(EngineCore", 1)[0]) is None
+
+
+def test_real_vllm_026_gpu_log_from_the_h200():
+    # the project's FP8 candidate of SmolLM2 served three times on the H200 (its log kept the
+    # three starts; docs/gpu-serving-2026-12-01/trip6/proof-logs.tgz), vLLM 0.26 at DEBUG
+    report = parse_vllm_kv_report((DATA / "vllm_kv_report_026_gpu.log").read_text())
+    assert report.vllm_version == "0.26.0" and report.device == "GPU"
+    assert (report.kv_cache_tokens, report.max_model_len) == (5_839_712, 4096)
+    assert report.max_concurrency == 1425.71 and report.kv_memory_gib == 125.31
+    assert report.weights_gib == 0.15
+    assert report.profile.non_kv_gib == 0.51 and report.profile.non_torch_increase_gib == 0.22
