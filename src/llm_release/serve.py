@@ -171,8 +171,6 @@ def vllm_args(
         *served_names,
         "--max-model-len",
         str(serving.max_model_len),
-        "--max-num-seqs",
-        str(serving.max_num_seqs),
         "--dtype",
         serving.dtype,
         "--enable-prefix-caching"
@@ -180,6 +178,8 @@ def vllm_args(
         else "--no-enable-prefix-caching",
         "--disable-uvicorn-access-log",
     ]
+    if serving.max_num_seqs is not None:  # None (not resolved by a server): vLLM's default
+        cmd += ["--max-num-seqs", str(serving.max_num_seqs)]
     if serving.enforce_eager:
         cmd.append("--enforce-eager")
     if cuda:
