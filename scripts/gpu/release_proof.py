@@ -178,61 +178,68 @@ def _build_random(path: Path, config, tok_dir: Path) -> Path:
     return path
 
 
+# The random-weight shapes built on the GPU: (folder, description, transformers config class,
+# the config's own fields). Common fields (vocab from the tokenizer, 8k positions, untied
+# embeddings, bf16) are added by models_for.
+RANDOM_MODELS = {
+    "dense": (
+        "llama-2.5b-random",
+        "random Llama 2.45B (hidden 2560, 32 layers, GQA 20/4)",
+        "LlamaConfig",
+        {
+            "hidden_size": 2560,
+            "intermediate_size": 6912,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 20,
+            "num_key_value_heads": 4,
+        },
+    ),
+    "moe": (
+        "qwen3-moe-random",
+        "random Qwen3-MoE shape (16 layers, 64 experts, top-8, A3B widths)",
+        "Qwen3MoeConfig",
+        {
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "moe_intermediate_size": 768,
+            "num_hidden_layers": 16,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "num_experts": 64,
+            "num_experts_per_tok": 8,
+        },
+    ),
+}
+
+
 def models_for(step: str, work: Path, tokenizer: Path | None) -> tuple[str, Path, Path]:
     """(name, model folder, tokenizer folder) of a step's baseline, built on this machine."""
+    import transformers
+
     from llm_release import demo_model
 
     smol = work / "models" / "smollm2-135m-instruct"
     if step == "smollm2":
         path = demo_model.convert_smollm2(smol)
         return "SmolLM2-135M-Instruct", path, path
+    if step not in RANDOM_MODELS:
+        raise Refused(f"unknown step {step!r}: smollm2, dense or moe")
+    folder, description, config_class, fields = RANDOM_MODELS[step]
     tok = tokenizer or smol
-    vocab = len(_tokenizer(tok))
-    if step == "dense":
-        from transformers import LlamaConfig
-
-        path = work / "models" / "llama-2.8b-random"
-        if not (path / "config.json").exists():
-            config = LlamaConfig(
-                vocab_size=vocab,
-                hidden_size=2560,
-                intermediate_size=6912,
-                num_hidden_layers=32,
-                num_attention_heads=20,
-                num_key_value_heads=4,
-                max_position_embeddings=8192,
-                tie_word_embeddings=False,
-                bos_token_id=1,
-                eos_token_id=2,
-                torch_dtype="bfloat16",
-            )
-            _build_random(path, config, tok)
-        return "random Llama 2.8B (hidden 2560, 32 layers, GQA 20/4)", path, path
-    if step == "moe":
-        from transformers import Qwen3MoeConfig
-
-        path = work / "models" / "qwen3-moe-random"
-        if not (path / "config.json").exists():
-            config = Qwen3MoeConfig(
-                vocab_size=vocab,
-                hidden_size=2048,
-                intermediate_size=6144,
-                moe_intermediate_size=768,
-                num_hidden_layers=16,
-                num_attention_heads=32,
-                num_key_value_heads=4,
-                head_dim=128,
-                num_experts=64,
-                num_experts_per_tok=8,
-                max_position_embeddings=8192,
-                tie_word_embeddings=False,
-                bos_token_id=1,
-                eos_token_id=2,
-                torch_dtype="bfloat16",
-            )
-            _build_random(path, config, tok)
-        return "random Qwen3-MoE shape (16 layers, 64 experts, top-8, A3B widths)", path, path
-    raise Refused(f"unknown step {step!r}: smollm2, dense or moe")
+    path = work / "models" / folder
+    if not (path / "config.json").exists():
+        config = getattr(transformers, config_class)(
+            vocab_size=len(_tokenizer(tok)),
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+            bos_token_id=1,
+            eos_token_id=2,
+            torch_dtype="bfloat16",
+            **fields,
+        )
+        _build_random(path, config, tok)
+    return description, path, path
 
 
 def schemes_for(step: str, wanted: list[str]) -> list[str]:

@@ -180,3 +180,25 @@ def test_served_seqs_reads_the_servers_argv(tmp_path):
     assert proof.served_seqs(log) == 973
     log.write_text("garbage\n")
     assert proof.served_seqs(log) is None
+
+
+def test_the_random_shapes_are_what_their_names_say():
+    import transformers
+
+    from llm_release.planner import estimate_params, parse_config
+
+    proof = _load()
+    sizes = {}
+    for step, (_folder, description, config_class, fields) in proof.RANDOM_MODELS.items():
+        config = getattr(transformers, config_class)(vocab_size=49152, **fields)
+        arch = parse_config(config.to_dict())
+        sizes[step] = estimate_params(arch)
+        assert step in ("dense", "moe") and description.startswith("random")
+    assert 2.3e9 < sizes["dense"].total < 2.6e9  # "2.45B" (untied: 2.58B)
+    assert (
+        sizes["moe"].total > sizes["dense"].total
+        and parse_config(
+            transformers.Qwen3MoeConfig(**proof.RANDOM_MODELS["moe"][3]).to_dict()
+        ).moe.experts_per_token
+        == 8
+    )
