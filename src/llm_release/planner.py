@@ -801,6 +801,11 @@ class PlanRequest(Record):
     max_model_len: int | None = Field(None, ge=1, description="None: the model's maximum")
     concurrency: int = Field(1, ge=1, description="sequences of max_model_len to hold at once")
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    online_quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="vLLM --quantization fp8 on an unquantized checkpoint: the linear layers "
+        "are cast to FP8 at load, so their weights take 1 byte each on the GPU",
+    )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",
         description="the served dtype (vLLM --dtype); 'auto' is the checkpoint's. On a CPU "
@@ -975,6 +980,7 @@ def request_for_serving(
             hint="pass the dtype serve.resolve_dtype chose ('fastest' depends on the host)",
         )
     kv = _flag(args, "--kv-cache-dtype") or "auto"
+    quantization = _flag(args, "--quantization", "-q")
     tp = _flag(args, "--tensor-parallel-size", "-tp")
     batched = _flag(args, "--max-num-batched-tokens")
     block = _flag(args, "--block-size")
@@ -988,6 +994,7 @@ def request_for_serving(
             max_model_len=serving.max_model_len,
             concurrency=concurrency or 1,
             kv_cache_dtype="fp8" if kv.startswith("fp8") else "auto",
+            online_quantization="fp8" if quantization == "fp8" else "none",
             dtype=served,
             mamba_ssm_dtype=cpu_ssm_dtype_for_host() if device == "cpu" else "auto",
             enable_prefix_caching=serving.enable_prefix_caching,
@@ -998,7 +1005,22 @@ def request_for_serving(
         raise ConfigError(f"serving arguments the planner cannot read: {exc}") from exc
 
 
+def online_fp8_weights(arch: ModelArch, weights: WeightBytes) -> WeightBytes:
+    """The weights vLLM keeps after ``--quantization fp8`` of a checkpoint stored in 16 bits:
+    every linear layer llm-compressor would quantize at 1 byte per weight (per-tensor scales:
+    a few bytes), the rest as stored. A checkpoint already quantized is left as it is."""
+    if any(d.upper().startswith(("F8", "I8", "U8", "I4", "U4", "I32")) for d in weights.by_dtype):
+        return weights  # FP8 or packed int weights: quantized already
+    saved = estimate_params(arch).quantizable * (arch.dtype_bytes - 1)
+    total = max(weights.total_bytes - saved, weights.replicated_bytes)
+    return weights.model_copy(
+        update={"total_bytes": total, "scheme": "online fp8", "by_dtype": {"mixed": total}}
+    )
+
+
 def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str = "model") -> Plan:
+    if request.online_quantization == "fp8" and request.device == "gpu":
+        weights = online_fp8_weights(arch, weights)
     if request.dtype != "auto":
         arch = arch.model_copy(
             update={"dtype_bytes": TORCH_DTYPE_BYTES[request.dtype], "dtype_name": request.dtype}

@@ -98,3 +98,41 @@ def test_shared_llama_figures(util, vllm_tokens):
     )
     tokens = result.options[0].kv_cache_tokens
     assert abs(tokens - vllm_tokens) / vllm_tokens <= TOLERANCE
+
+
+def test_online_fp8_is_seen_by_the_planner():
+    # The shared 1.17B Llama served from its bf16 folder: vLLM 0.26 logged 4,025,520 KV tokens
+    # as bf16 and 4,057,088 for the compressed-tensors FP8_DYNAMIC folder of the same model
+    # (linear layers in FP8, the rest bf16), the memory layout --quantization fp8 also gives.
+    from llm_release.config import ServingConfig
+    from llm_release.planner import request_for_serving
+
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+        "vocab_size": 49152,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+    arch = parse_config(cfg)
+    serving = ServingConfig(max_model_len=4096, extra_args=["--quantization", "fp8"])
+    request = request_for_serving(
+        serving, device="gpu", gpu_memory_gib=H200_BYTES / GiB, dtype="bfloat16"
+    )
+    assert request.online_quantization == "fp8"
+    online = plan(arch, estimate_weights(arch, "bf16"), request)
+    plain = plan(
+        arch,
+        estimate_weights(arch, "bf16"),
+        request.model_copy(update={"online_quantization": "none"}),
+    )
+    tokens = online.options[0].kv_cache_tokens
+    assert abs(tokens - 4_057_088) / 4_057_088 <= TOLERANCE
+    assert plain.options[0].kv_cache_tokens < tokens
+    assert online.options[0].weights_per_gpu_bytes < 0.6 * plain.options[0].weights_per_gpu_bytes
