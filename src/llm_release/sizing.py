@@ -114,14 +114,34 @@ def plan_for_dir(
     host: Hardware,
     files: hub_headers.ModelFiles | None = None,
 ) -> planner.Plan:
-    """The planner for a local model folder served with ``serving`` on ``host``."""
-    files = files or hub_headers.read_local(Path(model_dir))
+    """The planner for a local model folder served with ``serving`` on ``host``. A folder with
+    a config and no weight shards (a full-size shape served with ``--load-format dummy``) is
+    sized from the config's parameter count in its own dtype."""
+    if files is None:
+        folder = Path(model_dir)
+        has_weights = (folder / "model.safetensors").is_file() or (
+            folder / "model.safetensors.index.json"
+        ).is_file()
+        files = (
+            hub_headers.read_local(folder)
+            if has_weights
+            or not (folder / "config.json").is_file()
+            or (folder / "config.json").stat().st_size > planner.MAX_CONFIG_BYTES
+            else hub_headers.ModelFiles(
+                source="local (config only)",
+                config=planner.load_config_json((folder / "config.json").read_bytes()),
+                tensors={},
+                shards=[],
+            )
+        )
     dtype = served_dtype(serving.dtype, host, files.config)
-    return planner.plan(
-        planner.parse_config(files.config),
-        planner.weights_from_tensors(files.tensors),
-        _request(serving, host, dtype),
+    arch = planner.parse_config(files.config)
+    weights = (
+        planner.weights_from_tensors(files.tensors)
+        if files.tensors
+        else planner.estimate_weights(arch, "bf16")
     )
+    return planner.plan(arch, weights, _request(serving, host, dtype))
 
 
 def resolve_batch(model_dir: Path, serving: ServingConfig, host: Hardware) -> ServingConfig:

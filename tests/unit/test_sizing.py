@@ -118,3 +118,26 @@ def test_the_server_command_carries_the_resolved_value(tmp_path):
     serving = resolve_batch(folder, ServingConfig(max_model_len=2048, dtype="bfloat16"), GPU)
     args = vllm_args(Path(folder), "127.0.0.1", 8000, ["m"], serving, cuda=True)
     assert args[args.index("--max-num-seqs") + 1] == "1024"
+
+
+def test_a_config_only_folder_is_sized_from_its_parameter_count(tmp_path):
+    # a full-size shape served with --load-format dummy has no weight shards to read
+    import json
+
+    from llm_release.config import ServingConfig
+    from llm_release.planner import estimate_params, parse_config
+    from llm_release.sizing import plan_for_dir
+
+    folder = tmp_path / "shape"
+    folder.mkdir()
+    cfg = llama(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    )
+    (folder / "config.json").write_text(json.dumps(cfg))
+    result = plan_for_dir(folder, ServingConfig(dtype="bfloat16"), GPU)
+    assert result.weights.source == "estimate"
+    assert result.weights.total_bytes == 2 * estimate_params(parse_config(cfg)).total > 14e9
