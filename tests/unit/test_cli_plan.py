@@ -67,3 +67,15 @@ def test_a_broken_release_config_is_one_line(long_model, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error: --config") and "max_model_len" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_plan_says_which_gpu_memory_it_assumed(long_model, capsys):
+    # no GPU here: the 80 GiB card is assumed and said; an explicit size is used as given
+    assert main(["plan", str(long_model), "--gpus", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU memory: no GPU here, 80 GiB per GPU assumed" in out
+    assert (
+        main(["plan", str(long_model), "--gpus", "1", "--gpu-memory-gib", "139.8", "--json"]) == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["request"]["gpu_memory_gib"] == 139.8
