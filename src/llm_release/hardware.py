@@ -106,7 +106,12 @@ ASSUMED_GPU_MEMORY_GIB = 80.0
 
 def gpu_memory_gib(index: int = 0) -> float | None:
     """GPU ``index``'s memory as torch (and so vLLM) sees it, in GiB; None without a GPU.
-    An H200 is 139.80 GiB here, not the 143,771 MiB nvidia-smi prints."""
+    An H200 is 139.80 GiB here, not the 143,771 MiB nvidia-smi prints. A host with no NVIDIA
+    driver answers at once, without importing torch (seconds, for a CLI that plans)."""
+    import shutil
+
+    if not (Path("/dev/nvidiactl").exists() or shutil.which("nvidia-smi")):
+        return None
     try:
         import torch
     except ImportError:
