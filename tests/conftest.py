@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from llm_release.hub_server import HubServer, publish_repo
-from llm_release.serve import free_port
 from tests.helpers import TINY_REPO
 
 # Core code logs through 'llm_release' loggers that Prefect forwards inside a flow run;
@@ -46,7 +45,7 @@ def home(monkeypatch) -> Path:
     directory = Path(tempfile.mkdtemp(prefix="llmr-", dir="/tmp"))
     monkeypatch.setenv("LLM_RELEASE_HOME", str(directory))
     # A release starts a Prometheus: one per home on a port of its own, never :9090.
-    monkeypatch.setenv("LLM_RELEASE_PROMETHEUS_PORT", str(free_port()))
+    monkeypatch.setenv("LLM_RELEASE_PROMETHEUS_PORT", "auto")
     yield directory
     # Whatever a test left running behind the registry is stopped here.
     from llm_release.promote import down

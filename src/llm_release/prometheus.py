@@ -33,7 +33,7 @@ from .errors import MetricsError
 from .fileio import atomic_write_text
 from .registry import RegistryState
 from .router import BACKEND
-from .serve import stop_process_group
+from .serve import free_port, stop_process_group
 
 DEFAULT_PORT = 9090
 PORT_ENV = "LLM_RELEASE_PROMETHEUS_PORT"
@@ -53,7 +53,11 @@ LOG_TAIL_LINES = 20
 
 
 def default_port() -> int:
-    return int(os.environ.get(PORT_ENV) or DEFAULT_PORT)
+    """``LLM_RELEASE_PROMETHEUS_PORT`` (9090). ``auto``: 0, a free port picked when Prometheus
+    starts and recorded beside it (tests: a port picked minutes before the start can be taken
+    by then by another server of the same run)."""
+    value = (os.environ.get(PORT_ENV) or str(DEFAULT_PORT)).strip()
+    return 0 if value.lower() == "auto" else int(value)
 
 
 def _duration(seconds: float) -> str:
@@ -246,6 +250,20 @@ class Prometheus:
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         if self.running():
             return
+        if self.port:
+            self._start(timeout_s)
+            return
+        # 'auto': a port picked now; one taken between the pick and the bind is picked again
+        for attempt in range(3):
+            self.port = free_port()
+            try:
+                self._start(timeout_s)
+                return
+            except MetricsError as exc:
+                if attempt == 2 or "is in use" not in (exc.hint or ""):
+                    raise
+
+    def _start(self, timeout_s: float) -> None:
         binary = shutil.which("prometheus")
         if binary is None:
             raise MetricsError(

@@ -75,3 +75,31 @@ def test_the_config_passes_promtool(tmp_path):
         json.loads((prometheus.targets_dir / "vllm.json").read_text())[1]["labels"]["role"]
         == "canary"
     )
+
+
+def test_an_auto_port_is_picked_at_start_and_again_when_taken(tmp_path, monkeypatch):
+    # LLM_RELEASE_PROMETHEUS_PORT=auto: the port is picked when Prometheus starts (real
+    # prometheus); a port taken between the pick and the bind is picked again
+    import socket
+
+    from llm_release import prometheus as prom
+
+    monkeypatch.setenv(prom.PORT_ENV, "auto")
+    assert prom.default_port() == 0
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    picks = iter([taken])
+    real = prom.free_port
+    monkeypatch.setattr(prom, "free_port", lambda: next(picks, None) or real())
+    server = prom.Prometheus(tmp_path / "prometheus")
+    try:
+        server.start()
+        assert server.port not in (0, taken)
+        assert prom.Prometheus(tmp_path / "prometheus").port == server.port  # recorded
+    finally:
+        server.stop()
+        held.close()
+    monkeypatch.setenv(prom.PORT_ENV, "9191")
+    assert prom.default_port() == 9191
