@@ -22,6 +22,20 @@ H200_BYTES = 150_109_880_320  # torch.cuda.get_device_properties(0).total_memory
 GiB = 2**30
 TOLERANCE = 0.005  # issue 21: within 0.5% of vLLM's KV tokens, with no learned correction
 CONFIGS = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct.config.json"}
+# ../shared/gpu/README.md's random 1.17B Llama (vllm_make_model.py defaults)
+SHARED_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 8192,
+    "vocab_size": 49152,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
 
 
 def _records() -> list[dict]:
@@ -71,19 +85,7 @@ def test_planner_within_half_a_percent_of_vllm_on_the_h200(rec):
 def test_shared_llama_figures(util, vllm_tokens):
     # ../shared/gpu/README.md: random 1.17B Llama (vllm_make_model.py defaults), bf16,
     # max_model_len 4096, vLLM 0.26 on the H200
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 2048,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "intermediate_size": 8192,
-        "vocab_size": 49152,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-    }
+    cfg = SHARED_LLAMA
     arch = parse_config(cfg)
     result = plan(
         arch,
@@ -107,19 +109,7 @@ def test_online_fp8_is_seen_by_the_planner():
     from llm_release.config import ServingConfig
     from llm_release.planner import request_for_serving
 
-    cfg = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": 2048,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "intermediate_size": 8192,
-        "vocab_size": 49152,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-    }
+    cfg = SHARED_LLAMA
     arch = parse_config(cfg)
     serving = ServingConfig(max_model_len=4096, extra_args=["--quantization", "fp8"])
     request = request_for_serving(
