@@ -118,6 +118,10 @@ class HostileHub:
                     self.send_header("Transfer-Encoding", "chunked")
                 else:
                     self.send_header("Content-Length", str(len(body) + file.extra))
+                # this answer ends its connection: say so, or a client that keeps connections
+                # alive sends its next request down a socket the hub is closing (a race that
+                # reads as "Server disconnected without sending a response")
+                self.send_header("Connection", "close")
                 self.end_headers()
                 try:
                     if file.trickle_s:
