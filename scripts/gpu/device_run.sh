@@ -8,6 +8,9 @@
 #                                           bash scripts/gpu/device_run.sh prepare smollm2
 #   trip 3  carry .vc                       bash scripts/gpu/device_run.sh measure smollm2
 #   trip 4  (nothing: /tmp is kept)         bash scripts/gpu/device_run.sh measure dense moe
+#   trip 5  (nothing)                       bash scripts/gpu/device_run.sh measure moe-full hybrid
+#           (full-size shapes from config.json alone, --load-format dummy; the MoE kernels
+#           come in .vc as moe_C.so.xz)
 #
 # Trips must follow each other within the machine's 30 s warm window: /tmp (the installs, the
 # models, the quantized candidates, vLLM's compile cache) is kept only between back-to-back

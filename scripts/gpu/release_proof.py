@@ -16,6 +16,11 @@ Models (one step each):
   dense    a random-weight Llama of several billion parameters: bf16, FP8, W4A16 — no
            scores (random weights answer nothing), throughput and sizing
   moe      a Qwen3-MoE-shaped random model quantized to FP8 by the project
+  moe-full the Qwen3-30B-A3B shape at full size, served with ``--load-format dummy``
+           (config.json and a tokenizer only: vLLM fills random weights on the GPU)
+  hybrid   the Qwen3.5-35B-A3B shape (Gated DeltaNet + attention, 256 experts) at full
+           size, the same way; vLLM 0.26 needs ``--gdn-prefill-backend triton`` (no
+           FlashInfer carried) and ``--language-model-only``
 
 It refuses to start (one line, exit 2) without a CUDA GPU or without a serving python that
 imports vLLM: the proof is of the GPU path, and a CPU run would prove something else.
@@ -213,6 +218,66 @@ RANDOM_MODELS = {
 }
 
 
+# Full-size shapes served with --load-format dummy: (folder, description, config.json, the
+# serving flags the shape needs beyond the load format). The Qwen3.5 config is the planner's
+# paper case (tests/unit/data/paper_configs.json, a reconstruction from public copies).
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _paper_config(repo: str) -> dict:
+    data = json.loads((ROOT / "tests/unit/data/paper_configs.json").read_text())[repo]
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+DUMMY_MODELS = {
+    "moe-full": ("qwen3-30b-a3b-shape", "Qwen3-30B-A3B shape, full size, dummy weights", []),
+    "hybrid": (
+        "qwen3.5-35b-a3b-shape",
+        "Qwen3.5-35B-A3B shape (hybrid), full size, dummy weights",
+        ["--gdn-prefill-backend", "triton", "--language-model-only"],
+    ),
+}
+
+
+def _dummy_config(step: str) -> dict:
+    return QWEN3_30B_A3B if step == "moe-full" else _paper_config("Qwen/Qwen3.5-35B-A3B")
+
+
+def _build_config_only(path: Path, config: dict, tok_dir: Path) -> Path:
+    """A folder vLLM serves with --load-format dummy: config.json and a tokenizer."""
+    import shutil
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    for item in tok_dir.iterdir():
+        if item.is_file() and item.name != "config.json" and "safetensors" not in item.name:
+            shutil.copy2(item, path / item.name)
+    return path
+
+
 def models_for(step: str, work: Path, tokenizer: Path | None) -> tuple[str, Path, Path]:
     """(name, model folder, tokenizer folder) of a step's baseline, built on this machine."""
     import transformers
@@ -223,8 +288,12 @@ def models_for(step: str, work: Path, tokenizer: Path | None) -> tuple[str, Path
     if step == "smollm2":
         path = demo_model.convert_smollm2(smol)
         return "SmolLM2-135M-Instruct", path, path
+    if step in DUMMY_MODELS:
+        folder, description, _ = DUMMY_MODELS[step]
+        path = _build_config_only(work / "models" / folder, _dummy_config(step), tokenizer or smol)
+        return description, path, path
     if step not in RANDOM_MODELS:
-        raise Refused(f"unknown step {step!r}: smollm2, dense or moe")
+        raise Refused(f"unknown step {step!r}: {', '.join(STEPS)}")
     folder, description, config_class, fields = RANDOM_MODELS[step]
     tok = tokenizer or smol
     path = work / "models" / folder
@@ -242,8 +311,21 @@ def models_for(step: str, work: Path, tokenizer: Path | None) -> tuple[str, Path
     return description, path, path
 
 
+STEPS = ["smollm2", "dense", "moe", "moe-full", "hybrid"]
+
+
 def schemes_for(step: str, wanted: list[str]) -> list[str]:
+    if step in DUMMY_MODELS:
+        return ["bf16"]  # dummy weights: nothing to quantize offline
     return ["FP8_DYNAMIC"] if step == "moe" else wanted
+
+
+def serving_flags_for(step: str) -> list[str]:
+    """The extra vLLM flags a step's shape needs (the operator's allow-list gets
+    --load-format from main)."""
+    if step not in DUMMY_MODELS:
+        return []
+    return ["--load-format", "dummy", *DUMMY_MODELS[step][2]]
 
 
 def candidate_for(step: str, scheme: str):
@@ -262,7 +344,7 @@ def candidate_for(step: str, scheme: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("steps", nargs="+", choices=["smollm2", "dense", "moe"])
+    parser.add_argument("steps", nargs="+", choices=STEPS)
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--jsonl", type=Path, required=True)
     parser.add_argument("--tokenizer", type=Path, default=None)
@@ -279,6 +361,8 @@ def main() -> None:
     vllm_python = Path(os.environ.get("LLM_RELEASE_VLLM_PYTHON", "/nonexistent"))
     env = preflight(None if args.prepare_only else vllm_python)
     os.environ.setdefault("LLM_RELEASE_HOME", str(args.work / "home"))
+    # the operator of this proof allows --load-format (not on the run-form allow-list)
+    os.environ["LLM_RELEASE_ALLOW_SERVING_FLAGS"] = "--load-format"
     print(json.dumps({"step": "env", **env}), flush=True)
 
     from llm_release.candidate import measure
@@ -291,12 +375,15 @@ def main() -> None:
         model, baseline, tok = models_for(step, args.work, args.tokenizer)
         print(json.dumps({"step": f"{step}:model", "s": round(time.monotonic() - started, 1)}))
         real = step == "smollm2"
+        if args.prepare_only and step in DUMMY_MODELS:
+            continue
         # The release's GPU serving settings; max_num_seqs is left to the plan (None).
         serving = ServingConfig(
             max_model_len=args.max_model_len,
             gpu_memory_utilization=0.9,
             enforce_eager=False,
             probe_schemes=False,
+            extra_args=serving_flags_for(step),
         )
         # Random weights answer nothing: their eval runs 5 items to prove the path only.
         evaluation = EvalConfig(limit=None if real else 5)

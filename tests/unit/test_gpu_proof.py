@@ -202,3 +202,41 @@ def test_the_random_shapes_are_what_their_names_say():
         ).moe.experts_per_token
         == 8
     )
+
+
+def test_the_full_size_shapes_are_config_only_folders_with_their_flags(tmp_path, monkeypatch):
+    from llm_release.planner import estimate_params, parse_config
+    from llm_release.serving_flags import check_serving_args
+
+    proof = _load()
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    (tok / "tokenizer_config.json").write_text("{}")
+    params = {}
+    for step in ("moe-full", "hybrid"):
+        _name, folder, _tok = proof.models_for(step, tmp_path / "work", tok)
+        # config and tokenizer only: vLLM's --load-format dummy fills the weights
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+        arch = parse_config(__import__("json").loads((folder / "config.json").read_text()))
+        params[step] = estimate_params(arch).total
+        assert proof.schemes_for(step, ["bf16", "FP8_DYNAMIC"]) == ["bf16"]
+        flags = proof.serving_flags_for(step)
+        # --load-format is the operator's to allow, not a run's
+        monkeypatch.delenv("LLM_RELEASE_ALLOW_SERVING_FLAGS", raising=False)
+        try:
+            check_serving_args(flags, "serving.extra_args")
+        except ValueError as exc:
+            assert "--load-format" in str(exc)
+        else:
+            raise AssertionError("--load-format passed without the operator's allow-list")
+        monkeypatch.setenv("LLM_RELEASE_ALLOW_SERVING_FLAGS", "--load-format")
+        assert ("--load-format", "dummy") in check_serving_args(flags, "serving.extra_args")
+    assert 29e9 < params["moe-full"] < 32e9  # Qwen3-30B-A3B
+    assert 33e9 < params["hybrid"] < 37e9  # Qwen3.5-35B-A3B
+    assert "--gdn-prefill-backend" in proof.serving_flags_for("hybrid")
+    assert proof.serving_flags_for("dense") == []
