@@ -242,6 +242,9 @@ class Settings(BaseSettings):
     hub_log: bool = Field(False, **_describe("1: the demo hub logs every request to stderr."))
 
     # ------------------------------------------------------------ parsing and checks
+    # A check raises ConfigError with its own message and hint: pydantic wraps only
+    # ValueError and AssertionError, so it reaches the caller as it was raised. pydantic's
+    # own type and range errors become a ConfigError in settings().
 
     @model_validator(mode="before")
     @classmethod
