@@ -21,7 +21,7 @@ from flows.review import ask_reviewer
 from llm_release import credentials, decisions, paths, registry
 from llm_release.backends import sweep_containers
 from llm_release.config import ReleaseConfig, SourceConfig
-from llm_release.contenders import Contender, plan_contenders
+from llm_release.contenders import Contender, list_contenders
 from llm_release.credentials import HubToken
 from llm_release.demo_model import DEMO_REPO_ID
 from llm_release.errors import ConfigError, ReleaseError, one_line
@@ -35,7 +35,7 @@ from llm_release.rollout import RolloutOutcome
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner
-from tasks.plan import plan_serving
+from tasks.plan import plan_capacity
 from tasks.probe import probe_host
 from tasks.promote import promote_release
 from tasks.quantize import build_contender
@@ -116,7 +116,7 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
 
     source, token = hub_access(config.source)
     mark = time.monotonic()
-    sizing = plan_serving(config.model_copy(update={"source": source}), token)
+    sizing = plan_capacity(config.model_copy(update={"source": source}), token)
     timed("plan", mark)
 
     mark = time.monotonic()
@@ -128,7 +128,7 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     timed("probe", mark)
 
     mark = time.monotonic()
-    plan = plan_contenders(config, acquired.model_dir, acquired.commit, host, champion)
+    plan = list_contenders(config, acquired.model_dir, acquired.commit, host, champion)
     plan = [
         value_of(build_contender(c, acquired.model_dir, return_state=True), Contender) for c in plan
     ]

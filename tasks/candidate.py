@@ -10,7 +10,7 @@ from llm_release import measurements
 from llm_release.candidate import measure
 from llm_release.config import EvalConfig, LoadProfile
 from llm_release.contenders import Contender
-from llm_release.probe import ServingPlan
+from llm_release.probe import HostSupport
 from llm_release.results import CandidateResult, Slo
 from tasks.slots import host_slot
 from tasks.states import failed_with, first_line
@@ -22,7 +22,7 @@ def measure_contender(
     tokenizer_dir: Path,
     evaluation: EvalConfig,
     load: LoadProfile,
-    host: ServingPlan,
+    host: HostSupport,
     out_dir: Path,
     public_name: str,
     run_id: str,

@@ -6,12 +6,12 @@ from prefect.cache_policies import NO_CACHE
 from llm_release.config import ReleaseConfig
 from llm_release.credentials import HubToken
 from llm_release.hardware import detect
-from llm_release.planner import Plan
+from llm_release.planner import CapacityPlan
 from llm_release.sizing import plan_release, read_release_model
 
 
 @task(name="plan", cache_policy=NO_CACHE)
-def plan_serving(config: ReleaseConfig, token: HubToken | None = None) -> Plan:
+def plan_capacity(config: ReleaseConfig, token: HubToken | None = None) -> CapacityPlan:
     """Size the release from the repo's headers (a Hugging Face hub, ModelScope or a local
     folder) before any download; refuse what cannot fit."""
     logger = get_run_logger()

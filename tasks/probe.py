@@ -7,22 +7,24 @@ from prefect.cache_policies import NO_CACHE
 
 from llm_release.config import CandidateConfig, ServingConfig
 from llm_release.hardware import detect
-from llm_release.probe import ServingPlan, plan_serving
+from llm_release.probe import HostSupport, check_host_support
 from tasks.slots import host_slot
 
 
 @task(name="probe-host", cache_policy=NO_CACHE)
 def probe_host(
     model_dir: Path, candidates: list[CandidateConfig], serving: ServingConfig
-) -> ServingPlan:
+) -> HostSupport:
     """Which dtype to serve and which schemes the runtime can serve here, before building."""
     logger = get_run_logger()
     # The probe starts the serving runtime to time matmuls and try schemes: a host step.
     with host_slot("probe the host"):
-        plan = plan_serving(model_dir, candidates, serving, detect(), probe=serving.probe_schemes)
-    logger.info("host: %s", plan.describe())
-    logger.info("served dtype %s: %s", plan.served_dtype, plan.dtype_reason)
-    for support in plan.schemes:
+        host = check_host_support(
+            model_dir, candidates, serving, detect(), probe=serving.probe_schemes
+        )
+    logger.info("host: %s", host.describe())
+    logger.info("served dtype %s: %s", host.served_dtype, host.dtype_reason)
+    for support in host.schemes:
         log = logger.warning if support.status != "supported" else logger.info
         log(
             "%s (%s): %s%s — %s",
@@ -32,4 +34,4 @@ def probe_host(
             " (cached)" if support.cached else f" ({support.seconds:.0f}s)",
             support.reason,
         )
-    return plan
+    return host

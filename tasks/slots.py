@@ -4,7 +4,6 @@ subflow of model-update) queue instead of skewing each other's measurements."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,6 +12,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+from llm_release.settings import settings
 
 HOST_LIMIT = "llm-release-host"
 
@@ -25,7 +26,7 @@ def lease_s() -> float:
     lease that expired. A killed run therefore leaks its slot for at most lease + 15 s. A
     short lease costs one small API call per 0.75 x lease while the slot is held.
     """
-    return float(os.environ.get("LLM_RELEASE_SLOT_LEASE_S", "60"))
+    return settings().slot_lease_s
 
 
 def ensure_host_limit(slots: int = 1) -> None:

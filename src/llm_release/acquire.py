@@ -34,6 +34,7 @@ from .download import (
 from .errors import AcquireError, ConfigError, IntegrityError, ReleaseError
 from .fileio import atomic_write_json, sha256_file
 from .safety import UnsafeNameError
+from .settings import settings
 
 T = TypeVar("T")
 MANIFEST_SUFFIX = ".manifest.json"
@@ -134,7 +135,7 @@ def with_deadline(call: Callable[[], T], timeout_s: float) -> T:
 
 def modelscope_endpoint(source: SourceConfig) -> str:
     return (
-        source.endpoint or os.environ.get("MODELSCOPE_ENDPOINT") or "https://www.modelscope.cn"
+        source.endpoint or settings().modelscope_endpoint or "https://www.modelscope.cn"
     ).rstrip("/")
 
 

@@ -335,7 +335,7 @@ class TuneConfig(StrictModel):
         0.05,
         ge=0,
         le=1,
-        description="at equal goodput a challenger must serve this much more output tokens/s "
+        description="at equal goodput a trial setting must serve this much more output tokens/s "
         "(below it, two CPU runs of one setting differ by noise)",
     )
 

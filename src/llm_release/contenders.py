@@ -1,4 +1,4 @@
-"""The typed plan of a release: who is measured, with what, and against whom.
+"""The contenders of a release: who is measured, with what, and against whom.
 
 A release measures, in one run and under the same conditions, the champion (the release
 serving users now, when there is one), the new commit's unquantized model (``baseline``)
@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from .config import BASELINE, CHAMPION, CandidateConfig, ReleaseConfig, ServingConfig
-from .probe import ServingPlan
+from .probe import HostSupport
 from .registry import Release
 from .results import CandidateResult, TuneResult
 
@@ -50,13 +50,13 @@ class Contender(BaseModel):
         )
 
 
-def plan_contenders(
-    config: ReleaseConfig, model_dir: Path, commit: str, host: ServingPlan, champion: Release | None
+def list_contenders(
+    config: ReleaseConfig, model_dir: Path, commit: str, host: HostSupport, champion: Release | None
 ) -> list[Contender]:
     serving = config.serving.model_copy(update={"dtype": host.served_dtype})
-    plan: list[Contender] = []
+    contenders: list[Contender] = []
     if champion is not None:
-        plan.append(
+        contenders.append(
             Contender(
                 name=CHAMPION,
                 role="champion",
@@ -67,7 +67,7 @@ def plan_contenders(
                 commit=champion.commit,
             )
         )
-    plan.append(
+    contenders.append(
         Contender(
             name=BASELINE,
             role="baseline",
@@ -89,5 +89,5 @@ def plan_contenders(
             commit=commit,
         )
         reason = host.skip_reason(recipe.name)
-        plan.append(contender.failed("skipped", reason) if reason else contender)
-    return plan
+        contenders.append(contender.failed("skipped", reason) if reason else contender)
+    return contenders

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from .errors import ConfigError
+from .settings import env_name, settings
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 # Operator settings (trusted): where the environment's Hugging Face token may also go, and
@@ -47,12 +48,13 @@ TOKEN_ENDPOINTS_ENV = "LLM_RELEASE_HF_TOKEN_ENDPOINTS"
 MODELSCOPE_DEFAULT_ENDPOINTS = ("https://www.modelscope.cn", "https://modelscope.cn")
 MODELSCOPE_TOKEN_ENDPOINTS_ENV = "LLM_RELEASE_MODELSCOPE_TOKEN_ENDPOINTS"
 ALLOW_ENDPOINTS_ENV = "LLM_RELEASE_HUB_ALLOW_ENDPOINTS"
-# The project's own services on this host, each with its default port (None: no fixed one).
-SERVICE_PORTS_ENV = (
-    ("LLM_RELEASE_ROUTER_PORT", 8080),
-    ("LLM_RELEASE_PROMETHEUS_PORT", 9090),
-    ("LLM_RELEASE_HAPROXY_METRICS_PORT", None),
-    ("PREFECT_SERVER_API_PORT", 4200),
+# The project's own services on this host (settings fields), each with the port it has
+# when its setting is not a port number (None: no fixed one).
+SERVICE_PORTS = (
+    ("router_port", 8080),
+    ("prometheus_port", 9090),
+    ("haproxy_metrics_port", None),
+    ("prefect_server_api_port", 4200),
 )
 # Named secrets, and anything whose name says it is one.
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "PREFECT_API_KEY")
@@ -86,7 +88,7 @@ def check_endpoint(url: str) -> str:
 
 def hf_endpoint(explicit: str | None) -> str:
     """The Hugging Face endpoint, read now (not at import time like huggingface_hub does)."""
-    return check_endpoint(explicit or os.environ.get("HF_ENDPOINT") or HF_DEFAULT_ENDPOINT)
+    return check_endpoint(explicit or settings().hf_endpoint or HF_DEFAULT_ENDPOINT)
 
 
 def is_secret(name: str) -> bool:
@@ -126,11 +128,11 @@ def same_endpoint(a: str, b: str) -> bool:
     return _key(a) == _key(b)
 
 
-def _setting_endpoints(name: str) -> list[str]:
+def _setting_endpoints(field: str) -> list[str]:
     """The endpoints an operator setting lists; a malformed one is a one-line error."""
-    listed = [u.strip() for u in os.environ.get(name, "").split(",") if u.strip()]
+    name = env_name(field)
     try:
-        return [check_endpoint(u) for u in listed]
+        return [check_endpoint(u) for u in getattr(settings(), field)]
     except ValueError as exc:
         raise ConfigError(
             f"{name}: {str(exc).split(';')[0]}",
@@ -142,8 +144,8 @@ def token_endpoints(hub: str = "huggingface") -> list[str]:
     """Where the environment's token may go: the public hub and the endpoints the operator
     configured for it."""
     if hub == "modelscope":
-        return [*MODELSCOPE_DEFAULT_ENDPOINTS, *_setting_endpoints(MODELSCOPE_TOKEN_ENDPOINTS_ENV)]
-    return [HF_DEFAULT_ENDPOINT, *_setting_endpoints(TOKEN_ENDPOINTS_ENV)]
+        return [*MODELSCOPE_DEFAULT_ENDPOINTS, *_setting_endpoints("modelscope_token_endpoints")]
+    return [HF_DEFAULT_ENDPOINT, *_setting_endpoints("hf_token_endpoints")]
 
 
 def environment_token(hub: str = "huggingface") -> str | None:
@@ -151,7 +153,8 @@ def environment_token(hub: str = "huggingface") -> str | None:
     ``HUGGING_FACE_HUB_TOKEN``), else a cached ``hf auth login``; ``MODELSCOPE_API_TOKEN``
     for ModelScope."""
     if hub == "modelscope":
-        return os.environ.get("MODELSCOPE_API_TOKEN") or None
+        token = settings().modelscope_api_token
+        return token.get_secret_value() if token else None
     from huggingface_hub import get_token
 
     return get_token()
@@ -203,17 +206,18 @@ def token_for(
 
 def _service_ports() -> set[int]:
     ports: set[int] = set()
-    for name, default in SERVICE_PORTS_ENV:
-        value = os.environ.get(name)
-        if value and value.strip().isdigit():
-            ports.add(int(value))
+    current = settings()
+    for field, default in SERVICE_PORTS:
+        value = getattr(current, field)
+        if isinstance(value, int):
+            ports.add(value)
         elif default is not None:
             ports.add(default)
     return ports
 
 
 def _prefect_api() -> tuple[str, int] | None:
-    url = os.environ.get("PREFECT_API_URL")
+    url = settings().prefect_api_url
     if not url:
         return None
     try:
@@ -284,7 +288,7 @@ def check_hub_endpoint(url: str, *, resolve: bool = True) -> str:
         raise ConfigError(
             f"hub endpoint refused: {exc}", hint="give the hub's plain http(s) URL"
         ) from None
-    if any(same_endpoint(url, allowed) for allowed in _setting_endpoints(ALLOW_ENDPOINTS_ENV)):
+    if any(same_endpoint(url, allowed) for allowed in _setting_endpoints("hub_allow_endpoints")):
         return url
     parts = urlsplit(url)
     host = (parts.hostname or "").lower().rstrip(".")

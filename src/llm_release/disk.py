@@ -124,7 +124,7 @@ def quantized_bytes(
     symmetric: bool = False,
 ) -> int:
     """The weights' size after ``scheme``: ``tensors`` maps names to planner.TensorInfo;
-    ``ignored(module)`` says whether the recipe leaves a module alone (RecipePlan.reason_for)."""
+    ``ignored(module)`` says whether the recipe leaves a module alone (RecipeChoice.reason_for)."""
     per_param = PARAM_BYTES[scheme]
     total = 0
     for name, info in tensors.items():
@@ -158,16 +158,16 @@ def other_files_bytes(model_dir: Path) -> int:
     )
 
 
-def quantize_need(model_dir: Path, candidate, plan) -> int:
-    """Estimated bytes of ``candidate``'s artifact of the model in ``model_dir``; ``plan`` is
-    the recipes.RecipePlan quantize built (its ignore list)."""
+def quantize_need(model_dir: Path, candidate, choice) -> int:
+    """Estimated bytes of ``candidate``'s artifact of the model in ``model_dir``; ``choice`` is
+    the recipes.RecipeChoice quantize built (its ignore list)."""
     from .hub_headers import read_local
 
     tensors = read_local(Path(model_dir)).tensors
     weights = quantized_bytes(
         tensors,
         candidate.scheme,
-        plan.reason_for,
+        choice.reason_for,
         group_size=getattr(candidate, "group_size", 128),
         symmetric=getattr(candidate, "symmetric", False),
     )
@@ -175,11 +175,11 @@ def quantize_need(model_dir: Path, candidate, plan) -> int:
 
 
 def check_quantize(
-    model_dir: Path, candidate, plan, out_root: Path, *, free: int | None = None
+    model_dir: Path, candidate, choice, out_root: Path, *, free: int | None = None
 ) -> int:
     """The quantization preflight: the artifact's estimated size against ``out_root``'s
     free space (the staging folder and the artifact live there)."""
-    need = quantize_need(model_dir, candidate, plan)
+    need = quantize_need(model_dir, candidate, choice)
     check_space(
         f"quantizing {candidate.name} ({candidate.scheme}, estimated from the source's "
         "safetensors headers)",

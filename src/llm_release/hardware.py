@@ -17,6 +17,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .settings import settings
+
 CPUINFO = Path("/proc/cpuinfo")
 
 # The flags that decide which kernels run, strongest first.
@@ -131,9 +133,9 @@ def detect() -> Hardware:
         text = ""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cpu = parse_cpuinfo(text, cores or 1)
-    override = os.environ.get("LLM_RELEASE_CPU_FLAGS")
+    override = settings().cpu_flags
     if override is not None:
-        flags = {f.strip().lower() for f in override.split(",") if f.strip()}
+        flags = set(override)
         unknown = sorted(flags - set(ISA_FLAGS))
         if unknown:
             raise ValueError(

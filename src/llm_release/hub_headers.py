@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import struct
 import threading
@@ -31,6 +30,7 @@ from . import credentials
 from .credentials import HubToken
 from .errors import AcquireError, ConfigError
 from .planner import DTYPE_BYTES, MAX_CONFIG_BYTES, TensorInfo, load_config_json
+from .settings import DEFAULT_PLAN_DEADLINE_S, settings
 
 # Header caps. A header holds ~150 bytes per tensor: a 5-10 GB shard of the largest public
 # checkpoints (DeepSeek-V3, Qwen3.5-397B-A17B, Llama 3.1 405B) has a few hundred to a few
@@ -46,8 +46,6 @@ TIMEOUT_S = 30.0  # seconds, for connect, each read, write and pool wait
 # the largest public repos makes ~400 range requests (two per shard), 40-80 s at the
 # public hub's 0.1-0.2 s per redirected request; 120 s leaves room, a slower mirror raises it.
 PLAN_DEADLINE_ENV = "LLM_RELEASE_PLAN_DEADLINE_S"
-DEFAULT_PLAN_DEADLINE_S = 120.0
-MAX_PLAN_DEADLINE_S = 3600.0
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
 MODELSCOPE_DEFAULT = "https://www.modelscope.cn"
@@ -176,20 +174,7 @@ def _count_header(files: ModelFiles, shard: str, length: int) -> None:
 
 def plan_deadline_s() -> float:
     """The operator's budget for all hub reads of one plan, from LLM_RELEASE_PLAN_DEADLINE_S."""
-    raw = os.environ.get(PLAN_DEADLINE_ENV, "").strip()
-    if not raw:
-        return DEFAULT_PLAN_DEADLINE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_PLAN_DEADLINE_S:  # NaN fails too
-        raise ConfigError(
-            f"{PLAN_DEADLINE_ENV}={raw[:40]!r} is not a number of seconds in (0, "
-            f"{MAX_PLAN_DEADLINE_S:g}]",
-            hint=f"unset it for the default of {DEFAULT_PLAN_DEADLINE_S:g} s, or set seconds",
-        )
-    return value
+    return settings().plan_deadline_s
 
 
 class _Deadline:
@@ -285,7 +270,7 @@ def read_local(model_dir: Path) -> ModelFiles:
 
 def modelscope_endpoint(explicit: str | None) -> str:
     """The ModelScope endpoint: ``explicit``, else MODELSCOPE_ENDPOINT, else modelscope.cn."""
-    return (explicit or os.environ.get("MODELSCOPE_ENDPOINT") or MODELSCOPE_DEFAULT).rstrip("/")
+    return (explicit or settings().modelscope_endpoint or MODELSCOPE_DEFAULT).rstrip("/")
 
 
 def modelscope_file_url(endpoint: str, repo_id: str, path: str, revision: str) -> str:

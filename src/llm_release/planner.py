@@ -834,7 +834,7 @@ class PlanRequest(Record):
     overhead_note: str | None = Field(None, description="where the factor came from")
 
 
-class TpPlan(Record):
+class TpOption(Record):
     tensor_parallel_size: int
     weights_per_gpu_bytes: int
     overhead_per_gpu_bytes: int
@@ -858,7 +858,7 @@ class Recommendation(Record):
     cpu_kvcache_space_gib: int | None = None
 
 
-class Plan(Record):
+class CapacityPlan(Record):
     model: str
     arch: ModelArch
     request: PlanRequest
@@ -866,7 +866,7 @@ class Plan(Record):
     max_model_len: int
     kv_bytes_per_token_unsharded: int
     seeds_kv_bytes_per_token: int
-    options: list[TpPlan]
+    options: list[TpOption]
     fits: bool
     verdict: str
     recommendation: Recommendation | None
@@ -1018,7 +1018,9 @@ def online_fp8_weights(arch: ModelArch, weights: WeightBytes) -> WeightBytes:
     )
 
 
-def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str = "model") -> Plan:
+def plan(
+    arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str = "model"
+) -> CapacityPlan:
     if request.online_quantization == "fp8" and request.device == "gpu":
         weights = online_fp8_weights(arch, weights)
     if request.dtype != "auto":
@@ -1040,8 +1042,8 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
             f"{arch.max_position_embeddings:,} (vLLM refuses it)"
         )
     counts = [1] if request.device == "cpu" else sorted(set(request.gpu_counts))
-    options: list[TpPlan] = []
-    tried: list[tuple[TpPlan, Runtime, int, bool]] = []
+    options: list[TpOption] = []
+    tried: list[tuple[TpOption, Runtime, int, bool]] = []
     for tp in counts:
         runtime = Runtime(
             device=request.device,
@@ -1098,7 +1100,7 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
             )
             min_util = math.ceil(need / budget * 100) / 100
         options.append(
-            TpPlan(
+            TpOption(
                 tensor_parallel_size=tp,
                 weights_per_gpu_bytes=w,
                 overhead_per_gpu_bytes=overhead,
@@ -1175,7 +1177,7 @@ def plan(arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str
             if util is not None and request.gpu_memory_utilization < util <= 0.95:
                 verdict += f"; or gpu_memory_utilization {util:.2f} holds them at {max_len:,}"
             break
-    return Plan(
+    return CapacityPlan(
         model=model,
         arch=arch,
         request=request,
@@ -1199,7 +1201,7 @@ def _gib(n: int) -> str:
     return f"{n / GiB:,.2f}"
 
 
-def format_plan(p: Plan) -> str:
+def format_plan(p: CapacityPlan) -> str:
     try:
         from tabulate import tabulate
     except ImportError:  # plain columns when tabulate is absent

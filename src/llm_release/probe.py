@@ -35,7 +35,7 @@ from .config import CandidateConfig, ServingConfig
 from .errors import ReleaseError, ServeError
 from .fileio import atomic_write_json
 from .hardware import Hardware, compute_dtype
-from .recipes import plan_from_config
+from .recipes import choose_recipe
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class SchemeSupport(Record):
     cached: bool = False
 
 
-class ServingPlan(Record):
+class HostSupport(Record):
     """What this host and runtime will serve, decided before any candidate is built."""
 
     host: Hardware
@@ -330,19 +330,19 @@ def served_dtype(requested: str, host: Hardware, config: dict) -> str:
     return choose_dtype(requested, host, runtime_info(host, *layer_shape(config)))[0]
 
 
-def plan_serving(
+def check_host_support(
     model_dir: Path,
     candidates: list[CandidateConfig],
     serving: ServingConfig,
     host: Hardware,
     *,
     probe: bool = True,
-) -> ServingPlan:
+) -> HostSupport:
     """The served dtype and, per candidate, whether the runtime can serve its scheme here."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     runtime = runtime_info(host, *layer_shape(config))
     served, why = choose_dtype(serving.dtype, host, runtime)
-    plan = ServingPlan(
+    support = HostSupport(
         host=host,
         runtime=runtime,
         served_dtype=served,
@@ -350,14 +350,14 @@ def plan_serving(
         calibration_dtype="float32" if compute_dtype(host) == "float32" else "checkpoint's own",
     )
     if probe:
-        family = "moe" if plan_from_config(config).moe else "dense"
+        family = "moe" if choose_recipe(config).moe else "dense"
         for candidate in candidates:
-            plan.schemes.append(
+            support.schemes.append(
                 probe_scheme(
                     candidate, served, Path(model_dir), host, runtime, where=serving, family=family
                 )
             )
-    return plan
+    return support
 
 
 def main() -> None:  # pragma: no cover - a diagnostic: python -m llm_release.probe MODEL_DIR
@@ -370,7 +370,7 @@ def main() -> None:  # pragma: no cover - a diagnostic: python -m llm_release.pr
         CandidateConfig(name="w4a16-awq", scheme="W4A16_AWQ"),
     ]
     print(
-        plan_serving(
+        check_host_support(
             model_dir, candidates, ServingConfig(dtype="fastest"), detect()
         ).model_dump_json(indent=2)
     )

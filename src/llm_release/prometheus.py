@@ -34,8 +34,8 @@ from .fileio import atomic_write_text
 from .registry import RegistryState
 from .router import BACKEND
 from .serve import free_port, stop_process_group
+from .settings import settings
 
-DEFAULT_PORT = 9090
 PORT_ENV = "LLM_RELEASE_PROMETHEUS_PORT"
 # 5 s: a 60-s analysis window then holds 12 samples of every series (rate() needs 2, and
 # Prometheus' rule of thumb is a range of at least 4 scrape intervals, so windows down to
@@ -56,8 +56,8 @@ def default_port() -> int:
     """``LLM_RELEASE_PROMETHEUS_PORT`` (9090). ``auto``: 0, a free port picked when Prometheus
     starts and recorded beside it (tests: a port picked minutes before the start can be taken
     by then by another server of the same run)."""
-    value = (os.environ.get(PORT_ENV) or str(DEFAULT_PORT)).strip()
-    return 0 if value.lower() == "auto" else int(value)
+    port = settings().prometheus_port
+    return 0 if port == "auto" else port
 
 
 def _duration(seconds: float) -> str:

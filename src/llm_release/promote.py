@@ -9,7 +9,6 @@ request in flight on it, and only then stop it — so no client request is lost.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -25,8 +24,8 @@ from .errors import ConfigError, ReleaseError, RouterError, StateError
 from .registry import RegistryState, Release
 from .router import Router, SlotTarget
 from .serve import Endpoint, Owner, free_port, start_detached, stop_process_group
+from .settings import settings
 
-DEFAULT_ROUTER_PORT = 8080
 # How often a drain looks at the in-flight counts (HAProxy's socket and vLLM's /metrics).
 DRAIN_POLL_S = 0.25
 
@@ -34,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 
 def default_router_port() -> int:
-    return int(os.environ.get("LLM_RELEASE_ROUTER_PORT", DEFAULT_ROUTER_PORT))
+    return settings().router_port
 
 
 @dataclass

@@ -115,17 +115,17 @@ def cache_key(
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
-def build_recipe(candidate: CandidateConfig, plan: recipes.RecipePlan):
-    """The llm-compressor recipe for ``candidate`` on the model ``plan`` describes (see
+def build_recipe(candidate: CandidateConfig, choice: recipes.RecipeChoice):
+    """The llm-compressor recipe for ``candidate`` on the model ``choice`` describes (see
     recipes.py: the ignore list, the group-size check and AWQ's mappings come from the
     model's config)."""
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
     from llmcompressor.modifiers.quantization import QuantizationModifier
 
-    ignore = plan.ignore_patterns
+    ignore = choice.ignore_patterns
     if candidate.scheme == "FP8_DYNAMIC":
         return [QuantizationModifier(targets="Linear", scheme="FP8_DYNAMIC", ignore=ignore)]
-    recipes.check_group_size(plan, candidate.group_size)
+    recipes.check_group_size(choice, candidate.group_size)
     from llmcompressor.modifiers.transform.awq import AWQModifier
 
     scheme = QuantizationScheme(
@@ -138,7 +138,7 @@ def build_recipe(candidate: CandidateConfig, plan: recipes.RecipePlan):
             group_size=candidate.group_size,
         ),
     )
-    mappings = recipes.awq_mappings(plan)
+    mappings = recipes.awq_mappings(choice)
     return [
         AWQModifier(mappings=mappings) if mappings else AWQModifier(),
         QuantizationModifier(config_groups={"group_0": scheme}, ignore=ignore),
@@ -229,7 +229,7 @@ def quantize(
     model_dir = Path(model_dir)
     host = host or hardware.detect()
     compute_dtype = hardware.compute_dtype(host)
-    plan = recipes.plan_for_model(model_dir, candidate.ignore)
+    choice = recipes.choose_recipe_for_model(model_dir, candidate.ignore)
     size = model_bytes(model_dir)
     if path is None:
         path, why = choose_path(candidate.scheme, size, gpu_memory_bytes())
@@ -265,13 +265,13 @@ def quantize(
     staging = out_root / f".{out_dir.name}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     # The artifact's estimated size must fit out_root's free space before a byte is written.
-    disk.check_quantize(model_dir, candidate, plan, out_root)
+    disk.check_quantize(model_dir, candidate, choice, out_root)
     started = time.monotonic()
     host_copy = None
     if path == MODEL_FREE:
-        _model_free(model_dir, staging, candidate, plan, device)
+        _model_free(model_dir, staging, candidate, choice, device)
     else:
-        host_copy = _oneshot(model_dir, staging, candidate, plan, compute_dtype, device, path)
+        host_copy = _oneshot(model_dir, staging, candidate, choice, compute_dtype, device, path)
     for extra in ("generation_config.json", "chat_template.jinja"):
         if (model_dir / extra).exists() and not (staging / extra).exists():
             shutil.copy2(model_dir / extra, staging / extra)
@@ -289,15 +289,15 @@ def quantize(
             "path": path,
             "path_reason": why,
             "host_copy": host_copy,
-            "architecture": plan.architecture,
-            "moe": plan.moe,
-            "num_experts": plan.num_experts,
-            "hybrid_attention": plan.hybrid,
-            "awq_mappings": recipes.mappings_source(plan)
+            "architecture": choice.architecture,
+            "moe": choice.moe,
+            "num_experts": choice.num_experts,
+            "hybrid_attention": choice.hybrid,
+            "awq_mappings": recipes.mappings_source(choice)
             if candidate.scheme == "W4A16_AWQ"
             else None,
-            "input_widths": plan.input_widths,
-            "layers": recipes.layer_report(staging, plan),
+            "input_widths": choice.input_widths,
+            "layers": recipes.layer_report(staging, choice),
             "host": host.describe(),
             "seconds": round(seconds, 2),
             "llmcompressor": version("llmcompressor"),
@@ -308,7 +308,7 @@ def quantize(
     return Quantized(candidate.name, out_dir, key, False, seconds, device, compute_dtype, path)
 
 
-def _model_free(model_dir: Path, staging: Path, candidate, plan, device: str) -> None:
+def _model_free(model_dir: Path, staging: Path, candidate, choice, device: str) -> None:
     """FP8 dynamic needs no calibration: each safetensors shard is read, quantized on the
     device and written, so the peak memory is a shard, not the model (issue 11: a 10.5 GB
     model at 1.44 GB peak on the H200)."""
@@ -319,7 +319,7 @@ def _model_free(model_dir: Path, staging: Path, candidate, plan, device: str) ->
             model_dir,
             staging,
             scheme="FP8_DYNAMIC",
-            ignore=plan.ignore_patterns,
+            ignore=choice.ignore_patterns,
             device=device,
         )
     except Exception as exc:
@@ -333,7 +333,7 @@ def _model_free(model_dir: Path, staging: Path, candidate, plan, device: str) ->
         AutoTokenizer.from_pretrained(model_dir).save_pretrained(staging)
 
 
-def _oneshot(model_dir, staging, candidate, plan, compute_dtype, device, path) -> str | None:
+def _oneshot(model_dir, staging, candidate, choice, compute_dtype, device, path) -> str | None:
     """Quantize with the model loaded; on SEQUENTIAL_OFFLOAD, returns where the host copy of
     the weights was kept ("pinned" or "pageable")."""
     import torch
@@ -356,7 +356,7 @@ def _oneshot(model_dir, staging, candidate, plan, compute_dtype, device, path) -
         pinned = device == "cuda" and pin_host_copy(model)
         host_copy = "pinned" if pinned else "pageable"
     saved_dtype = _checkpoint_dtype(model_dir, torch)
-    recipe = build_recipe(candidate, plan)
+    recipe = build_recipe(candidate, choice)
     kwargs = {}
     if candidate.scheme == "W4A16_AWQ":
         texts = load_calibration_texts(candidate.calibration_set)

@@ -50,7 +50,7 @@ HYBRID = {
 
 
 @dataclass(frozen=True)
-class RecipePlan:
+class RecipeChoice:
     """What the config says about the model, and the recipe's decisions from it."""
 
     architecture: str
@@ -94,8 +94,8 @@ def _hybrid(cfg: dict) -> bool:
     return bool(cfg.get("full_attention_interval")) or "linear_num_value_heads" in cfg
 
 
-def plan_from_config(config: dict, extra_ignore: list[str] | tuple[str, ...] = ()) -> RecipePlan:
-    """The recipe plan from ``config.json`` alone (no weights, no model class)."""
+def choose_recipe(config: dict, extra_ignore: list[str] | tuple[str, ...] = ()) -> RecipeChoice:
+    """The recipe choice from ``config.json`` alone (no weights, no model class)."""
     cfg = text_config(config)
     architecture = (config.get("architectures") or ["?"])[0]
     num_experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
@@ -131,37 +131,37 @@ def plan_from_config(config: dict, extra_ignore: list[str] | tuple[str, ...] = (
         widths["linear_num_value_heads x linear_value_head_dim (linear_attn.out_proj)"] = int(
             cfg["linear_num_value_heads"]
         ) * int(cfg["linear_value_head_dim"])
-    return RecipePlan(architecture, moe, hybrid, num_experts, ignore, widths)
+    return RecipeChoice(architecture, moe, hybrid, num_experts, ignore, widths)
 
 
-def plan_for_model(model_dir: Path, extra_ignore=()) -> RecipePlan:
-    return plan_from_config(json.loads((Path(model_dir) / "config.json").read_text()), extra_ignore)
+def choose_recipe_for_model(model_dir: Path, extra_ignore=()) -> RecipeChoice:
+    return choose_recipe(json.loads((Path(model_dir) / "config.json").read_text()), extra_ignore)
 
 
 GROUP_SIZES = (128, 64, 32, 16)  # the group sizes W4A16 kernels are built for, largest first
 
 
-def check_group_size(plan: RecipePlan, group_size: int) -> None:
+def check_group_size(choice: RecipeChoice, group_size: int) -> None:
     """Every quantized Linear's input width must divide by the W4A16 group size, and the
     group size must be positive (0 divided nothing and failed deep in the quantizer; a
     negative size divided every width)."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise ConfigError(
             f"W4A16 group size {group_size!r} is not a positive whole number",
-            hint=f"use a group size that divides every layer width, {_suggestion(plan)}",
+            hint=f"use a group size that divides every layer width, {_suggestion(choice)}",
         )
-    bad = {role: w for role, w in plan.input_widths.items() if w % group_size}
+    bad = {role: w for role, w in choice.input_widths.items() if w % group_size}
     if bad:
         listing = ", ".join(f"{role} = {w}" for role, w in bad.items())
         raise ConfigError(
             f"W4A16 group size {group_size} does not divide the Linear input widths: {listing}",
             hint=f"choose a group size that divides every Linear input width, "
-            f"{_suggestion(plan)}, or add those layers to 'ignore'",
+            f"{_suggestion(choice)}, or add those layers to 'ignore'",
         )
 
 
-def _suggestion(plan: RecipePlan) -> str:
-    widths = [w for w in plan.input_widths.values() if w > 0]
+def _suggestion(choice: RecipeChoice) -> str:
+    widths = [w for w in choice.input_widths.values() if w > 0]
     fits = [g for g in GROUP_SIZES if all(w % g == 0 for w in widths)]
     if fits:
         return f"e.g. {fits[0]} for this model's widths {sorted(set(widths))}"
@@ -175,7 +175,7 @@ def check_candidates(candidates, config: dict) -> None:
         if candidate.scheme != "W4A16_AWQ":
             continue
         try:
-            plan = plan_from_config(config, candidate.ignore)
+            choice = choose_recipe(config, candidate.ignore)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
             raise ConfigError(
                 f"candidate {candidate.name!r}: config.json does not give the layer widths "
@@ -183,14 +183,14 @@ def check_candidates(candidates, config: dict) -> None:
                 hint="quantize this model with FP8_DYNAMIC, or fix its config.json",
             ) from None
         try:
-            check_group_size(plan, candidate.group_size)
+            check_group_size(choice, candidate.group_size)
         except ConfigError as exc:
             raise ConfigError(
                 f"candidate {candidate.name!r}: {exc.message}", hint=exc.hint
             ) from None
 
 
-def awq_mappings(plan: RecipePlan):
+def awq_mappings(choice: RecipeChoice):
     """AWQ's smoothing mappings: llm-compressor's registry for the architectures it knows
     (Qwen3MoeForCausalLM's balance the router gate with the experts' gate/up, so the gate's
     output is unchanged by the smoothing), derived MLP-only mappings for hybrid MoE models
@@ -198,9 +198,9 @@ def awq_mappings(plan: RecipePlan):
     mapping to match), else None (the library's default)."""
     from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY, AWQMapping
 
-    if plan.architecture in AWQ_MAPPING_REGISTRY:
+    if choice.architecture in AWQ_MAPPING_REGISTRY:
         return None  # AWQModifier resolves the registry itself, by the model's class name
-    if plan.moe and plan.hybrid:
+    if choice.moe and choice.hybrid:
         return [
             AWQMapping(
                 "re:.*post_attention_layernorm$",
@@ -218,12 +218,12 @@ def awq_mappings(plan: RecipePlan):
     return None
 
 
-def mappings_source(plan: RecipePlan) -> str:
+def mappings_source(choice: RecipeChoice) -> str:
     from llmcompressor.modifiers.transform.awq.mappings import AWQ_MAPPING_REGISTRY
 
-    if plan.architecture in AWQ_MAPPING_REGISTRY:
-        return f"llm-compressor registry: {plan.architecture}"
-    if plan.moe and plan.hybrid:
+    if choice.architecture in AWQ_MAPPING_REGISTRY:
+        return f"llm-compressor registry: {choice.architecture}"
+    if choice.moe and choice.hybrid:
         return "derived: MLP/expert smoothing only (hybrid MoE, not in the registry)"
     return "llm-compressor default mappings"
 
@@ -231,7 +231,7 @@ def mappings_source(plan: RecipePlan) -> str:
 QUANT_SUFFIXES = (".weight_scale", ".weight_packed")
 
 
-def layer_report(model_dir: Path, plan: RecipePlan) -> dict:
+def layer_report(model_dir: Path, choice: RecipeChoice) -> dict:
     """Which layers the saved artifact quantized and which it left, each with the reason, read
     from the safetensors headers (no tensor is loaded) and the saved ``quantization_config``."""
     from safetensors import safe_open
@@ -250,7 +250,7 @@ def layer_report(model_dir: Path, plan: RecipePlan) -> dict:
     saved_ignore = (config.get("quantization_config") or {}).get("ignore") or []
     left: dict[str, str] = {}
     for module in sorted(set(weights) - quantized):
-        reason = plan.reason_for(module)
+        reason = choice.reason_for(module)
         if reason is None:
             if module in saved_ignore:
                 reason = "in the saved quantization_config's ignore"
@@ -260,7 +260,7 @@ def layer_report(model_dir: Path, plan: RecipePlan) -> dict:
                 reason = "not a Linear layer (not targeted by the scheme)"
         left[module] = f"{reason} ({weights[module]})"
     return {
-        "ignore": plan.ignore,
+        "ignore": choice.ignore,
         "saved_ignore": saved_ignore,
         "quantized_count": len(quantized),
         "not_quantized_count": len(left),

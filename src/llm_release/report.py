@@ -8,8 +8,8 @@ from pathlib import Path
 from . import rollout
 from .config import BASELINE
 from .fileio import atomic_write_text
-from .planner import Plan
-from .probe import ServingPlan
+from .planner import CapacityPlan
+from .probe import HostSupport
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
 from .rollout import RolloutOutcome
 from .select import floor_refusals, paired
@@ -69,7 +69,7 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
     return rows
 
 
-def sizing_section(plan: Plan | None, results: list[CandidateResult]) -> list[str]:
+def sizing_section(plan: CapacityPlan | None, results: list[CandidateResult]) -> list[str]:
     """The planner before the download, and the planner next to vLLM for every server."""
     checks = [r for r in results if r.kv_check]
     if plan is None and not checks:
@@ -180,7 +180,7 @@ def with_plots(markdown: str, plots: dict[str, Path], run_dir: Path) -> str:
     return markdown.rstrip("\n") + "\n\n" + section
 
 
-def host_section(host: ServingPlan) -> list[str]:
+def host_section(host: HostSupport) -> list[str]:
     """Which CPU and runtime the figures come from, and what was skipped on them and why."""
     lines = [
         "## Host",
@@ -316,8 +316,8 @@ def render_markdown(
     *,
     title: str,
     source: dict,
-    host: ServingPlan | None = None,
-    plan: Plan | None = None,
+    host: HostSupport | None = None,
+    plan: CapacityPlan | None = None,
     results: list[CandidateResult],
     decision: Decision,
     stage_seconds: dict[str, float],

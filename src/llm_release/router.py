@@ -30,6 +30,7 @@ from .credentials import child_env
 from .errors import RouterError
 from .fileio import atomic_write_text
 from .serve import free_port
+from .settings import settings
 
 BACKEND = "releases"
 SLOTS = ("stable", "canary")
@@ -185,7 +186,7 @@ class Router:
                 f"router directory path is too long for a unix socket: {self.socket_path}",
                 hint="set LLM_RELEASE_HOME to a shorter path",
             )
-        metrics_port = int(os.environ.get(METRICS_PORT_ENV) or free_port())
+        metrics_port = settings().haproxy_metrics_port or free_port()
         config = render_config(
             listen_port=self.listen_port,
             socket_path=self.socket_path,

@@ -20,10 +20,11 @@ separated list of long flag names whose values are passed unchecked.
 from __future__ import annotations
 
 import math
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from .settings import settings
 
 OPERATOR_FLAGS_ENV = "LLM_RELEASE_ALLOW_SERVING_FLAGS"
 _LONG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*")
@@ -109,8 +110,7 @@ TYPED: dict[str, str] = {
 
 def operator_flags() -> set[str]:
     """Long flag names the operator allows beyond the list (``LLM_RELEASE_ALLOW_SERVING_FLAGS``)."""
-    text = os.environ.get(OPERATOR_FLAGS_ENV, "")
-    names = {part.strip() for part in text.split(",") if part.strip()}
+    names = set(settings().allow_serving_flags)
     bad = sorted(n for n in names if not _LONG_NAME.fullmatch(n))
     if bad:
         raise ValueError(

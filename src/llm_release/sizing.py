@@ -44,7 +44,7 @@ def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.Plan
 
 def plan_release(
     config: ReleaseConfig, host: Hardware, files: hub_headers.ModelFiles
-) -> planner.Plan:
+) -> planner.CapacityPlan:
     """The plan for the release's serving settings; raises when one sequence cannot fit."""
     dtype = served_dtype(config.serving.dtype, host, files.config)
     result = planner.plan(
@@ -113,7 +113,7 @@ def plan_for_dir(
     serving: ServingConfig,
     host: Hardware,
     files: hub_headers.ModelFiles | None = None,
-) -> planner.Plan:
+) -> planner.CapacityPlan:
     """The planner for a local model folder served with ``serving`` on ``host``. A folder with
     a config and no weight shards (a full-size shape served with ``--load-format dummy``) is
     sized from the config's parameter count in its own dtype."""

@@ -2,7 +2,7 @@
 
 Goodput here is the highest load level (concurrent streams) at which TTFT p95 and ITL p95
 stay under the SLO and the error rate under its ceiling, every lower level passing too
-(``loadtest.goodput``, the same figure that ranks the candidates in select);
+(``loadtest.goodput``, the same figure that ranks the challengers in select);
 among settings of equal goodput the one with more output tokens/s at that level is better
 (GuideLLM's requests/s of a single wave of 8 requests is not a stable figure: measured
 0.94 req/s next to 117 tokens/s at 8 streams).
@@ -18,10 +18,10 @@ A server start dominates the cost (about 85 s for SmolLM2 on 2 loaded cores agai
 * **coordinate descent from the planner's start** — start where the planner points
   (``max_num_seqs`` = the top load level, the default batch budget, the release's prefix
   caching), then step each dimension to its neighbours, keeping a step only while it wins;
-* **racing** — a challenger is measured first at the incumbent's goodput level: failing
+* **racing** — a trial setting is measured first at the best setting's goodput level: failing
   there it cannot win, and its server stops after one level;
 * **early stop** — a setting's sweep stops at its first failing level, and the search stops
-  once the incumbent passes the top level (nothing on the grid can do better).
+  once the best setting passes the top level (nothing on the grid can do better).
 
 ``exhaustive`` measures every grid point at every level, for the benchmark.
 """
@@ -183,7 +183,7 @@ class Tuner:
         if start_at and todo and todo[0] in trial.failures:
             trial.below = todo[0]
         elif not trial.error:
-            # the levels below start_at were not measured: the incumbent passed them
+            # the levels below start_at were not measured: the best setting passed them
             best = goodput(trial.levels, self.slo)
             trial.goodput, trial.goodput_tok_s = best.concurrency, best.output_tokens_per_s
         self.trials[setting] = trial

@@ -195,14 +195,13 @@ def test_parallel_settings_are_typed_and_checked():
 
 
 def test_host_options_are_the_operators_environment_and_bounded(tmp_path, monkeypatch):
-    assert host_settings({}) == HostSettings(image="auto", shm_size_gib=4.0, ipc_host=False)
-    chosen = host_settings(
-        {
-            "LLM_RELEASE_DOCKER_IMAGE": "registry.local:5000/team/vllm:v0.32.0",
-            "LLM_RELEASE_DOCKER_SHM_GIB": "16",
-            "LLM_RELEASE_DOCKER_IPC_HOST": "0",
-        }
-    )
+    for variable in ("IMAGE", "SHM_GIB", "IPC_HOST"):
+        monkeypatch.delenv(f"LLM_RELEASE_DOCKER_{variable}", raising=False)
+    assert host_settings() == HostSettings(image="auto", shm_size_gib=4.0, ipc_host=False)
+    monkeypatch.setenv("LLM_RELEASE_DOCKER_IMAGE", "registry.local:5000/team/vllm:v0.32.0")
+    monkeypatch.setenv("LLM_RELEASE_DOCKER_SHM_GIB", "16")
+    monkeypatch.setenv("LLM_RELEASE_DOCKER_IPC_HOST", "0")
+    chosen = host_settings()
     assert (chosen.image, chosen.shm_size_gib, chosen.ipc_host) == (
         "registry.local:5000/team/vllm:v0.32.0",
         16.0,
@@ -216,8 +215,10 @@ def test_host_options_are_the_operators_environment_and_bounded(tmp_path, monkey
         ("LLM_RELEASE_DOCKER_IMAGE", "vllm --privileged", "not an image reference"),
         ("LLM_RELEASE_DOCKER_IPC_HOST", "maybe", "not a boolean"),
     ]:
-        with pytest.raises(ConfigError, match=says) as info:
-            host_settings({variable: value})
+        with monkeypatch.context() as env:
+            env.setenv(variable, value)
+            with pytest.raises(ConfigError, match=says) as info:
+                host_settings()
         assert variable in info.value.one_line()
     # What the container gets comes from the environment, whatever the run's settings.
     monkeypatch.setenv("LLM_RELEASE_DOCKER_IPC_HOST", "1")

@@ -67,15 +67,15 @@ def _table():
 def test_fp8_halves_and_w4a16_quarters_the_quantized_linear_weights():
     tensors = _table()
     config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512}
-    plan = recipes.plan_from_config(config, ["lm_head"])
+    choice = recipes.choose_recipe(config, ["lm_head"])
     kept = 2 * 1000 * 256 * 2 + 256 * 2  # embeddings, lm_head, the norm: bf16 as they were
     linear = 256 * 256 + 256 * 512  # parameters of the two projections
-    fp8 = disk.quantized_bytes(tensors, "FP8_DYNAMIC", plan.reason_for)
+    fp8 = disk.quantized_bytes(tensors, "FP8_DYNAMIC", choice.reason_for)
     assert fp8 == kept + linear * 1 + (256 + 256) * 4  # 1 byte each, a scale per row
-    w4 = disk.quantized_bytes(tensors, "W4A16_AWQ", plan.reason_for, group_size=64)
+    w4 = disk.quantized_bytes(tensors, "W4A16_AWQ", choice.reason_for, group_size=64)
     groups = 256 * (256 // 64) + 256 * (512 // 64)
     assert w4 == kept + linear // 2 + groups * 4 * 2  # half a byte, a scale and a zero point
-    sym = disk.quantized_bytes(tensors, "W4A16_AWQ", plan.reason_for, symmetric=True)
+    sym = disk.quantized_bytes(tensors, "W4A16_AWQ", choice.reason_for, symmetric=True)
     assert sym == kept + linear // 2 + (256 * 2 + 256 * 4) * 4
     # the linear part alone: half (FP8) and about a quarter (W4A16) of its bf16 bytes
     assert math.isclose((fp8 - kept) / (linear * 2), 0.5, rel_tol=0.02)
@@ -84,13 +84,13 @@ def test_fp8_halves_and_w4a16_quarters_the_quantized_linear_weights():
 
 def test_a_quantization_preflight_refuses_before_anything_is_written(tiny_model_dir, tmp_path):
     candidate = CandidateConfig(name="fp8", scheme="FP8_DYNAMIC")
-    plan = recipes.plan_for_model(tiny_model_dir, candidate.ignore)
+    choice = recipes.choose_recipe_for_model(tiny_model_dir, candidate.ignore)
     source = sum(i.nbytes for i in read_local(tiny_model_dir).tensors.values())
-    need = disk.quantize_need(tiny_model_dir, candidate, plan)
+    need = disk.quantize_need(tiny_model_dir, candidate, choice)
     # the tiny model is mostly embeddings and lm_head, which stay bf16
     assert source * 0.5 < need < source * 1.2
     out_root = tmp_path / "candidates"
     with pytest.raises(DiskSpaceError, match=r"quantizing fp8 \(FP8_DYNAMIC"):
-        disk.check_quantize(tiny_model_dir, candidate, plan, out_root, free=need)
+        disk.check_quantize(tiny_model_dir, candidate, choice, out_root, free=need)
     assert not out_root.exists()
-    assert disk.check_quantize(tiny_model_dir, candidate, plan, out_root, free=2 * need) == need
+    assert disk.check_quantize(tiny_model_dir, candidate, choice, out_root, free=2 * need) == need

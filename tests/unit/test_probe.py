@@ -1,5 +1,5 @@
 from llm_release.hardware import CpuInfo, Hardware
-from llm_release.probe import RuntimeInfo, SchemeSupport, ServingPlan, choose_dtype
+from llm_release.probe import HostSupport, RuntimeInfo, SchemeSupport, choose_dtype
 
 CPU = Hardware(cpu=CpuInfo(model_name="cpu", cores=2, flags=["avx2"]), machine="x86_64")
 GPU = Hardware(cpu=CPU.cpu, machine="x86_64", gpus=["NVIDIA H200"])
@@ -43,7 +43,7 @@ def test_only_an_unsupported_scheme_is_skipped():
             candidate=name, scheme="W4A16_AWQ", dtype="float32", status=status, reason=f"{name} why"
         )
 
-    plan = ServingPlan(
+    support = HostSupport(
         host=CPU,
         runtime=runtime(1, 2),
         served_dtype="float32",
@@ -51,9 +51,9 @@ def test_only_an_unsupported_scheme_is_skipped():
         calibration_dtype="float32",
         schemes=[support("a", "unsupported"), support("b", "unknown"), support("c", "supported")],
     )
-    assert plan.skip_reason("a") == "a why"
-    assert plan.skip_reason("b") is None, "a probe that could not decide must not skip"
-    assert plan.skip_reason("c") is None and plan.skip_reason("zzz") is None
+    assert support.skip_reason("a") == "a why"
+    assert support.skip_reason("b") is None, "a probe that could not decide must not skip"
+    assert support.skip_reason("c") is None and support.skip_reason("zzz") is None
 
 
 def test_a_missing_moe_kernel_counts_as_unsupported():

@@ -13,7 +13,7 @@ from llm_release.quantize import (
     choose_path,
     model_bytes,
 )
-from llm_release.recipes import check_group_size, plan_from_config
+from llm_release.recipes import check_group_size, choose_recipe
 
 # Field names as Qwen/Qwen3-30B-A3B's config.json spells them (sizes shrunk).
 QWEN3_MOE = {
@@ -62,20 +62,20 @@ EXPERT = "model.layers.0.mlp.experts.17.down_proj"
 
 
 def test_qwen3_moe_leaves_the_router_and_quantizes_the_experts():
-    plan = plan_from_config(QWEN3_MOE, ["lm_head"])
-    assert plan.moe and not plan.hybrid and plan.num_experts == 128
-    assert "router" in plan.reason_for(GATE)
-    assert plan.reason_for(EXPERT) is None
-    assert plan.reason_for("model.layers.3.mlp.experts.0.gate_proj") is None, "not the router"
-    assert plan.reason_for("model.embed_tokens") and plan.reason_for("lm_head")
-    assert plan.reason_for("model.layers.0.self_attn.q_proj") is None
-    assert plan.ignore_patterns.count("lm_head") == 1
+    choice = choose_recipe(QWEN3_MOE, ["lm_head"])
+    assert choice.moe and not choice.hybrid and choice.num_experts == 128
+    assert "router" in choice.reason_for(GATE)
+    assert choice.reason_for(EXPERT) is None
+    assert choice.reason_for("model.layers.3.mlp.experts.0.gate_proj") is None, "not the router"
+    assert choice.reason_for("model.embed_tokens") and choice.reason_for("lm_head")
+    assert choice.reason_for("model.layers.0.self_attn.q_proj") is None
+    assert choice.ignore_patterns.count("lm_head") == 1
 
 
 @pytest.mark.parametrize("config", [QWEN3_NEXT, QWEN35_MOE], ids=["qwen3-next", "qwen3.5-moe"])
 def test_hybrid_leaves_gates_and_linear_attention_ba(config):
-    plan = plan_from_config(config)
-    assert plan.moe and plan.hybrid
+    choice = choose_recipe(config)
+    assert choice.moe and choice.hybrid
     for kept in (
         GATE,
         "model.layers.0.mlp.shared_expert_gate",
@@ -83,7 +83,7 @@ def test_hybrid_leaves_gates_and_linear_attention_ba(config):
         "model.language_model.layers.0.linear_attn.in_proj_b",
         "model.language_model.layers.0.linear_attn.in_proj_a",
     ):
-        assert plan.reason_for(kept), kept
+        assert choice.reason_for(kept), kept
     for quantized in (
         EXPERT,
         "model.layers.0.mlp.shared_expert.up_proj",
@@ -91,11 +91,11 @@ def test_hybrid_leaves_gates_and_linear_attention_ba(config):
         "model.layers.0.linear_attn.out_proj",
         "model.layers.3.self_attn.o_proj",
     ):
-        assert plan.reason_for(quantized) is None, quantized
+        assert choice.reason_for(quantized) is None, quantized
 
 
 def test_dense_model_has_no_moe_or_hybrid_ignores():
-    plan = plan_from_config(
+    choice = choose_recipe(
         {
             "architectures": ["LlamaForCausalLM"],
             "hidden_size": 576,
@@ -103,9 +103,9 @@ def test_dense_model_has_no_moe_or_hybrid_ignores():
             "num_attention_heads": 9,
         }
     )
-    assert not plan.moe and not plan.hybrid
-    assert plan.reason_for(GATE) is None
-    assert plan.input_widths == {
+    assert not choice.moe and not choice.hybrid
+    assert choice.reason_for(GATE) is None
+    assert choice.input_widths == {
         "hidden_size (q/k/v, gate/up, experts' gate/up)": 576,
         "num_attention_heads x head_dim (o_proj)": 576,
         "intermediate_size (dense down_proj)": 1536,
@@ -114,15 +114,13 @@ def test_dense_model_has_no_moe_or_hybrid_ignores():
 
 def test_group_size_is_checked_against_the_experts_width():
     config = {**QWEN3_MOE, "moe_intermediate_size": 96}
-    check_group_size(plan_from_config(QWEN3_MOE), 128)
+    check_group_size(choose_recipe(QWEN3_MOE), 128)
     with pytest.raises(ConfigError, match="moe_intermediate_size.*= 96"):
-        check_group_size(plan_from_config(config), 64)
+        check_group_size(choose_recipe(config), 64)
     # All MoE layers: the dense intermediate_size (not divisible) is not a layer width.
-    check_group_size(plan_from_config({**config, "intermediate_size": 100}), 32)
+    check_group_size(choose_recipe({**config, "intermediate_size": 100}), 32)
     with pytest.raises(ConfigError, match="shared_expert_intermediate_size"):
-        check_group_size(
-            plan_from_config({**QWEN3_NEXT, "shared_expert_intermediate_size": 80}), 64
-        )
+        check_group_size(choose_recipe({**QWEN3_NEXT, "shared_expert_intermediate_size": 80}), 64)
 
 
 @pytest.mark.parametrize("size", [0, -1, -64])
@@ -135,18 +133,18 @@ def test_a_group_size_of_zero_or_below_is_refused(size):
         CandidateConfig(name="awq", scheme="W4A16_AWQ", group_size=size)
     # The recipe refuses it too (0 divided nothing, -64 divided every width).
     with pytest.raises(ConfigError, match=f"group size {size} is not a positive"):
-        check_group_size(plan_from_config(QWEN3_MOE), size)
+        check_group_size(choose_recipe(QWEN3_MOE), size)
 
 
 def test_a_group_size_that_divides_no_width_names_it_and_suggests_one():
     config = {**QWEN3_MOE, "hidden_size": 2592, "moe_intermediate_size": 96}
     with pytest.raises(ConfigError) as caught:
-        check_group_size(plan_from_config(config), 128)
+        check_group_size(choose_recipe(config), 128)
     assert "= 2592" in caught.value.message and "= 96" in caught.value.message
     assert "e.g. 32 for this model's widths" in caught.value.hint
     # Widths no usual group size divides: their greatest common divisor is suggested.
     with pytest.raises(ConfigError) as caught:
-        check_group_size(plan_from_config({**config, "moe_intermediate_size": 100}), 64)
+        check_group_size(choose_recipe({**config, "moe_intermediate_size": 100}), 64)
     assert "e.g. 4 " in caught.value.hint
 
 

@@ -22,17 +22,18 @@ import functools
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .. import gpus, paths, processes
 from ..config import ServingConfig
-from ..errors import ConfigError, ServeError
+from ..errors import ServeError
 from ..registry import Release
 from ..serve import VLLM_MODULE, Endpoint, Owner, Server, cpu_env, has_cuda, vllm_args
+from ..settings import IMAGE_REF, MAX_SHM_GIB, settings
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,6 @@ HOSTNAME = "vllm-server"
 IMAGE_ENV = "LLM_RELEASE_DOCKER_IMAGE"
 SHM_ENV = "LLM_RELEASE_DOCKER_SHM_GIB"
 IPC_HOST_ENV = "LLM_RELEASE_DOCKER_IPC_HOST"
-MAX_SHM_GIB = 256
-
-# An image reference: [registry[:port]/]name[:tag][@sha256:digest], no spaces or options.
-IMAGE_REF = (
-    r"[a-z0-9][a-z0-9.-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)*"
-    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?"
-)
 
 
 class HostSettings(BaseModel):
@@ -97,30 +91,15 @@ class HostSettings(BaseModel):
         return value
 
 
-def host_settings(environ: Mapping[str, str] | None = None) -> HostSettings:
-    """The operator's host options (ConfigError naming the variable when one is bad)."""
-    env = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
-    fields = {IMAGE_ENV: "image", SHM_ENV: "shm_size_gib", IPC_HOST_ENV: "ipc_host"}
-    for var, field in fields.items():
-        text = env.get(var, "").strip()
-        if not text:
-            continue
-        if field == "ipc_host":
-            if text.lower() not in ("0", "1", "true", "false", "yes", "no"):
-                raise ConfigError(f"{var}={text[:40]!r} is not a boolean", hint=f"set {var}=0 or 1")
-            values[field] = text.lower() in ("1", "true", "yes")
-        else:
-            values[field] = text
-        try:
-            HostSettings.model_validate({field: values[field]})
-        except ValidationError as exc:
-            raise ConfigError(
-                f"{var}: {exc.errors()[0]['msg']}",
-                hint=f"fix or unset {var} in the worker's environment"
-                + (f" (at most {MAX_SHM_GIB})" if field == "shm_size_gib" else ""),
-            ) from None
-    return HostSettings.model_validate(values)
+def host_settings() -> HostSettings:
+    """The operator's host options (``settings``: ConfigError naming the variable when one
+    is bad)."""
+    current = settings()
+    return HostSettings(
+        image=current.docker_image,
+        shm_size_gib=current.docker_shm_gib,
+        ipc_host=current.docker_ipc_host,
+    )
 
 
 # vLLM's compile cache (torch.compile artifacts): kept under the project home across
