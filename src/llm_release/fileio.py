@@ -1,12 +1,20 @@
-"""Small file helpers shared by the stages: atomic writes and hashing."""
+"""Small file helpers shared by the stages: atomic writes, locked JSON records, hashing."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+Record = TypeVar("Record", bound=BaseModel)
 
 HASH_CHUNK = 8 * 1024 * 1024
 
@@ -29,6 +37,21 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, payload: object) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextlib.contextmanager
+def locked_json(path: Path, load: Callable[[], Record]) -> Iterator[Record]:
+    """The record ``load()`` reads from the JSON file ``path``, changed under an exclusive
+    lock (``flock`` on ``path`` with the suffix ``.lock``, held to the end of the block):
+    written back atomically on a clean exit, left as it was when the block raises. Two
+    processes (or threads) changing the same record take turns; no change is lost."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = load()
+        yield record
+        atomic_write_text(path, json.dumps(record.model_dump(), indent=2) + "\n")
 
 
 def sha256_file(path: Path) -> str:
