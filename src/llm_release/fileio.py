@@ -54,11 +54,30 @@ def locked_json(path: Path, load: Callable[[], Record]) -> Iterator[Record]:
         atomic_write_text(path, json.dumps(record.model_dump(), indent=2) + "\n")
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+def _hash_file(path: Path, digest):
     with Path(path).open("rb", buffering=0) as fh:
         buf = bytearray(HASH_CHUNK)
         view = memoryview(buf)
         while n := fh.readinto(buf):
             digest.update(view[:n])
-    return digest.hexdigest()
+    return digest
+
+
+def sha256_file(path: Path) -> str:
+    return _hash_file(path, hashlib.sha256()).hexdigest()
+
+
+def git_blob_hasher(size: int):
+    """A SHA-1 primed with git's header for a blob of ``size`` bytes: fed those bytes, its
+    hex digest is their git blob id."""
+    return hashlib.sha1(b"blob %d\0" % size)
+
+
+def git_blob_sha1(source: bytes | Path) -> str:
+    """The git blob id of ``source`` (bytes, or a file's contents): what ``git hash-object``
+    prints, and what the hub publishes as a non-LFS file's ``blobId``."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        digest = git_blob_hasher(len(source))
+        digest.update(source)
+        return digest.hexdigest()
+    return _hash_file(source, git_blob_hasher(Path(source).stat().st_size)).hexdigest()

@@ -1,10 +1,12 @@
 """The locked JSON record: changes from processes and threads that contend for it take
-turns (none is lost), a block that raises leaves the file as it was."""
+turns (none is lost), a block that raises leaves the file as it was. The git blob id:
+what ``git hash-object`` prints."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -12,7 +14,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from llm_release.fileio import locked_json
+from llm_release.fileio import git_blob_hasher, git_blob_sha1, locked_json
+from tests.helpers import require_tool
 
 
 class Counter(BaseModel):
@@ -73,3 +76,32 @@ def test_a_block_that_raises_leaves_the_file_as_it_was(tmp_path):
     # the lock was let go: the next writer gets it at once
     add(path, "second", 1)
     assert Counter.model_validate_json(path.read_text()).count == 2
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"hello\n",
+        b'{"architectures": ["LlamaForCausalLM"]}',
+        bytes(range(256)) * 3,  # NUL bytes and every other byte
+        b"\x00\xff" * (4 * 1024 * 1024 + 7),  # longer than one read of HASH_CHUNK
+    ],
+    ids=["empty", "text", "json", "binary", "over-a-chunk"],
+)
+def test_git_blob_sha1_is_what_git_hash_object_prints(tmp_path, data):
+    require_tool("git")
+    path = tmp_path / "file"
+    path.write_bytes(data)
+    expected = subprocess.run(
+        ["git", "hash-object", "--no-filters", str(path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout.strip()
+    assert git_blob_sha1(data) == expected
+    assert git_blob_sha1(path) == expected
+    digest = git_blob_hasher(len(data))  # the download's streaming hash
+    digest.update(data)
+    assert digest.hexdigest() == expected
