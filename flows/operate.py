@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
+from tabulate import tabulate
 
 from flows.canary import install_alerts
 from llm_release import paths, promote, reasoning, registry
@@ -130,9 +131,8 @@ def _markdown(target: str, results: list[EvalResult], report: Path) -> str:
         "",
         f"Report: `{report}`",
         "",
-        "| eval set | metric | score | 95% CI | items |",
-        "|---|---|---|---|---|",
     ]
+    rows = []
     for ev in results:
         for name, score in ev.metrics.items():
             ci = (
@@ -140,7 +140,9 @@ def _markdown(target: str, results: list[EvalResult], report: Path) -> str:
                 if score.ci_low is not None and score.ci_high is not None
                 else "–"
             )
-            lines.append(f"| {ev.eval_set} | {name} | {score.value:.3f} | {ci} | {ev.num_items} |")
+            rows.append([ev.eval_set, name, f"{score.value:.3f}", ci, ev.num_items])
+    headers = ["eval set", "metric", "score", "95% CI", "items"]
+    lines.append(tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True))
     return "\n".join(lines) + "\n"
 
 

@@ -32,7 +32,7 @@ from .download import (
     fetch,
 )
 from .errors import AcquireError, ConfigError, IntegrityError, ReleaseError
-from .fileio import atomic_write_json, sha256_file
+from .fileio import atomic_write_json, git_blob_sha1, sha256_file
 from .safety import UnsafeNameError
 from .settings import settings
 
@@ -57,14 +57,6 @@ class Acquired:
     repo_id: str
     downloaded_bytes: int
     reused: bool
-
-
-def _git_blob_sha1(path: Path) -> str:
-    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_target_path(path: Path) -> None:
@@ -305,7 +297,7 @@ def _verify_existing(path: Path, remote: RemoteFile) -> tuple[str | None, str | 
         return "missing", None
     size = path.stat().st_size
     sha256 = sha256_file(path) if remote.size is None or size == remote.size else ""
-    blob = _git_blob_sha1(path) if not remote.sha256 and sha256 else None
+    blob = git_blob_sha1(path) if not remote.sha256 and sha256 else None
     return check(_expected(remote), size, sha256, blob), sha256 or None
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from .fileio import HASH_CHUNK
+from .fileio import HASH_CHUNK, git_blob_hasher
 
 CHUNK = 1024 * 1024
 ProgressFn = Callable[[str, int], None]
@@ -41,7 +41,7 @@ class TransferError(Exception):
 class _Hashes:
     def __init__(self, size: int | None, want_blob: bool) -> None:
         self.sha256 = hashlib.sha256()
-        self.blob = hashlib.sha1(b"blob %d\0" % size) if want_blob and size is not None else None
+        self.blob = git_blob_hasher(size) if want_blob and size is not None else None
 
     def update(self, data: bytes | memoryview) -> None:
         self.sha256.update(data)

@@ -11,8 +11,6 @@ locks a GPU away for good.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import json
 import logging
 import os
 import subprocess
@@ -25,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from . import paths, processes
 from .config import ServingConfig
 from .errors import ServeError
-from .fileio import atomic_write_text
+from .fileio import locked_json
 
 log = logging.getLogger(__name__)
 
@@ -115,18 +113,18 @@ def choose(
 @contextlib.contextmanager
 def _locked() -> Iterator[Ledger]:
     path = ledger_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+
+    def load() -> Ledger:
         try:
-            ledger = Ledger.model_validate_json(path.read_bytes()) if path.exists() else Ledger()
+            return Ledger.model_validate_json(path.read_bytes()) if path.exists() else Ledger()
         except ValueError:
             # The ledger only prevents collisions between live servers: a corrupt one is
             # rebuilt from nothing rather than blocking every start.
             log.warning("%s is corrupt; starting a new GPU ledger", path)
-            ledger = Ledger()
+            return Ledger()
+
+    with locked_json(path, load) as ledger:
         yield ledger
-        atomic_write_text(path, json.dumps(ledger.model_dump(), indent=2) + "\n")
 
 
 def claim_alive(claim: Claim) -> bool:

@@ -29,23 +29,11 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from .config import REPO_ID
 from .errors import ConfigError
-from .fileio import atomic_write_text, sha256_file
+from .fileio import atomic_write_text, git_blob_sha1, sha256_file
 from .settings import settings
 
 LFS_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth", ".h5", ".onnx", ".msgpack")
 LFS_MIN_SIZE = 10 * 1024 * 1024
-
-
-def git_blob_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def git_blob_sha1_file(path: Path) -> str:
-    digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -74,7 +62,7 @@ def describe_files(snapshot: Path) -> list[dict]:
             entry["blobId"] = git_blob_sha1(pointer)
             entry["lfs"] = {"sha256": sha, "size": size, "pointerSize": len(pointer)}
         else:
-            entry["blobId"] = git_blob_sha1_file(file)
+            entry["blobId"] = git_blob_sha1(file)
         entries.append(entry)
     return entries
 

@@ -18,11 +18,17 @@ import logging
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .config import Gates, LoadProfile
 from .credentials import child_env
 from .errors import LoadTestError
 from .results import Goodput, LoadLevel, LoadResult, Slo
+
+if TYPE_CHECKING:
+    from guidellm.benchmark.schemas.benchmark import GenerativeBenchmark
+    from guidellm.benchmark.schemas.report import GenerativeBenchmarksReport
+    from guidellm.schemas import StatusDistributionSummary
 
 log = logging.getLogger(__name__)
 
@@ -121,52 +127,75 @@ def build_command(
     ]
 
 
-def _stat(metric: dict, key: str, field: str = "successful") -> float:
-    block = metric.get(field) or {}
-    if key in ("mean", "median"):
-        return float(block.get(key) or 0.0)
-    return float((block.get("percentiles") or {}).get(key) or 0.0)
-
-
 def _optional(value) -> float | None:
     return None if value is None else float(value)
 
 
-def _stopped_by_time(bench: dict) -> bool:
-    state = bench.get("scheduler_state") or {}
-    for key in ("end_queuing_constraints", "end_processing_constraints"):
-        if "max_duration" in (state.get(key) or {}):
-            return True
-    return False
+def read_report(path: Path) -> GenerativeBenchmarksReport:
+    """GuideLLM's JSON report, read by GuideLLM's own report model (``load_file``)."""
+    # Imported here: GuideLLM is the pipeline extra, and importing it takes seconds.
+    from guidellm.benchmark.schemas.report import GenerativeBenchmarksReport
+    from pydantic import ValidationError
+
+    try:
+        return GenerativeBenchmarksReport.load_file(path)
+    except (ValidationError, ValueError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise LoadTestError(
+            f"{path} is not a GuideLLM report this GuideLLM reads ({first})",
+            hint="run the load test again; a report from another GuideLLM version is not read",
+        ) from None
 
 
-def parse_report(report: dict, requests_planned: int = 0) -> list[LoadLevel]:
+def _stat(metric: StatusDistributionSummary, key: str, status: str = "successful") -> float:
+    summary = getattr(metric, status)
+    if summary is None:
+        return 0.0
+    value = (
+        getattr(summary, key) if key in ("mean", "median") else getattr(summary.percentiles, key)
+    )
+    return float(value or 0.0)
+
+
+def _stopped_by_time(bench: GenerativeBenchmark) -> bool:
+    state = bench.scheduler_state
+    return any(
+        "max_duration" in constraints
+        for constraints in (state.end_queuing_constraints, state.end_processing_constraints)
+    )
+
+
+def parse_report(report: GenerativeBenchmarksReport, requests_planned: int = 0) -> list[LoadLevel]:
+    """One LoadLevel per benchmark (concurrency level) of GuideLLM's report."""
     levels = []
-    for bench in report.get("benchmarks", []):
-        strategy = bench["config"]["strategy"]
-        metrics = bench["metrics"]
-        totals = metrics["request_totals"]
-        done = int(totals.get("successful", 0))
-        errors = int(totals.get("errored", 0)) + int(totals.get("incomplete", 0))
+    for bench in report.benchmarks:
+        strategy = bench.config.strategy
+        metrics = bench.metrics
+        totals = metrics.request_totals
+        done = int(totals.successful or 0)
+        errors = int(totals.errored or 0) + int(totals.incomplete or 0)
         total = max(done + errors, 1)
+        goodput = metrics.request_goodput.successful if metrics.request_goodput else None
         levels.append(
             LoadLevel(
-                concurrency=int(strategy.get("streams") or strategy.get("max_concurrency") or 0),
+                concurrency=int(
+                    getattr(strategy, "streams", None)
+                    or getattr(strategy, "max_concurrency", None)
+                    or 0
+                ),
                 requests=done + errors,
                 requests_planned=requests_planned,
                 time_limited=_stopped_by_time(bench),
                 errors=errors,
                 error_rate=errors / total,
-                ttft_p50_ms=_stat(metrics["time_to_first_token_ms"], "p50"),
-                ttft_p95_ms=_stat(metrics["time_to_first_token_ms"], "p95"),
-                itl_p50_ms=_stat(metrics["inter_token_latency_ms"], "p50"),
-                itl_p95_ms=_stat(metrics["inter_token_latency_ms"], "p95"),
-                output_tokens_per_s=_stat(metrics["output_tokens_per_second"], "mean", "total"),
-                requests_per_s=_stat(metrics["requests_per_second"], "mean", "total"),
-                slo_attainment=_optional(metrics.get("slo_attainment")),
-                goodput_rps=_optional(
-                    ((metrics.get("request_goodput") or {}).get("successful") or {}).get("mean")
-                ),
+                ttft_p50_ms=_stat(metrics.time_to_first_token_ms, "p50"),
+                ttft_p95_ms=_stat(metrics.time_to_first_token_ms, "p95"),
+                itl_p50_ms=_stat(metrics.inter_token_latency_ms, "p50"),
+                itl_p95_ms=_stat(metrics.inter_token_latency_ms, "p95"),
+                output_tokens_per_s=_stat(metrics.output_tokens_per_second, "mean", "total"),
+                requests_per_s=_stat(metrics.requests_per_second, "mean", "total"),
+                slo_attainment=_optional(metrics.slo_attainment),
+                goodput_rps=_optional(goodput.mean if goodput else None),
             )
         )
     return levels
@@ -226,7 +255,7 @@ def _run_guidellm(
     if proc.returncode != 0 or not report_path.exists():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise LoadTestError(f"GuideLLM exited with {proc.returncode}; log tail:\n{tail}")
-    levels = parse_report(json.loads(report_path.read_text()), profile.requests_per_level)
+    levels = parse_report(read_report(report_path), profile.requests_per_level)
     if not levels:
         raise LoadTestError(f"GuideLLM wrote no benchmark into {report_path}")
     return levels

@@ -1202,10 +1202,8 @@ def _gib(n: int) -> str:
 
 
 def format_plan(p: CapacityPlan) -> str:
-    try:
-        from tabulate import tabulate
-    except ImportError:  # plain columns when tabulate is absent
-        tabulate = None
+    from tabulate import tabulate
+
     a = p.arch
     kinds = ", ".join(f"{a.count(k)} {k}" for k in ("full", "sliding", "linear") if a.count(k))
     lines = [
@@ -1248,11 +1246,7 @@ def format_plan(p: CapacityPlan) -> str:
         ]
         for o in p.options
     ]
-    if tabulate:
-        lines.append(tabulate(rows, headers=headers, tablefmt="github"))
-    else:
-        lines.append(" | ".join(headers))
-        lines.extend(" | ".join(str(c) for c in row) for row in rows)
+    lines.append(tabulate(rows, headers=headers, tablefmt="github"))
     lines.append(("FITS " if p.fits else "DOES NOT FIT ") + p.verdict.split(": ", 1)[-1])
     if p.recommendation:
         r = p.recommendation

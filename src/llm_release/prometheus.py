@@ -16,16 +16,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from . import paths, processes
 from .credentials import child_env
@@ -124,6 +125,18 @@ def render_targets(
             {"targets": [f"127.0.0.1:{int(haproxy_metrics_port)}"], "labels": {"service": service}}
         )
     return vllm, haproxy
+
+
+def scraped_values(text: str, names: Collection[str]) -> list[float]:
+    """The values of the samples named in ``names`` on a ``/metrics`` page (the Prometheus
+    text exposition format, read by prometheus_client's parser), one per series; ValueError
+    when the page does not parse."""
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in names
+    ]
 
 
 @dataclass(frozen=True)
@@ -331,16 +344,17 @@ class Prometheus:
 
     def _reload_state(self) -> tuple[float, float]:
         text = requests.get(f"{self.url}/metrics", timeout=5).text
-        found = dict(
-            re.findall(
-                r"^(prometheus_config_last_reload_success(?:ful|_timestamp_seconds)) (\S+)$",
-                text,
-                re.MULTILINE,
-            )
-        )
+
+        def value(name: str, missing: float) -> float:
+            try:
+                values = scraped_values(text, {name})
+            except ValueError:  # a page that does not parse says nothing: not reloaded yet
+                return missing
+            return values[0] if values else missing
+
         return (
-            float(found.get("prometheus_config_last_reload_successful", "nan")),
-            float(found.get("prometheus_config_last_reload_success_timestamp_seconds", "0")),
+            value("prometheus_config_last_reload_successful", math.nan),
+            value("prometheus_config_last_reload_success_timestamp_seconds", 0.0),
         )
 
     def reload(self, timeout_s: float = 15.0) -> None:

@@ -9,7 +9,6 @@ request in flight on it, and only then stop it — so no client request is lost.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,8 @@ from .settings import settings
 
 # How often a drain looks at the in-flight counts (HAProxy's socket and vLLM's /metrics).
 DRAIN_POLL_S = 0.25
+# vLLM's gauges of the requests it is running and has queued (one series per model name).
+IN_FLIGHT_GAUGES = frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"})
 
 logger = logging.getLogger(__name__)
 
@@ -201,23 +202,19 @@ def deploy(
 
 def running_requests(release: Release, timeout_s: float = 5) -> float | None:
     """In-flight plus queued requests on a vLLM server, from its Prometheus metrics; None
-    when they cannot be read (no answer, an error status, or no such gauge in the answer):
-    an unreadable count is unknown, never 0."""
+    when they cannot be read (no answer, an error status, a page that does not parse, or no
+    such gauge in the answer): an unreadable count is unknown, never 0."""
     try:
         response = requests.get(f"http://127.0.0.1:{release.port}/metrics", timeout=timeout_s)
     except requests.RequestException:
         return None
     if response.status_code != 200:
         return None
-    total, seen = 0.0, False
-    for line in response.text.splitlines():
-        if re.match(r"vllm:num_requests_(running|waiting)\{", line):
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                return None
-            seen = True
-    return total if seen else None
+    try:
+        counts = prometheus.scraped_values(response.text, IN_FLIGHT_GAUGES)
+    except ValueError:  # a page that does not parse counts nothing we can trust
+        return None
+    return sum(counts) if counts else None
 
 
 def _router_in_flight(router: Router | None, slot: str | None, port: int) -> int | None:

@@ -7,7 +7,6 @@ file lock, so two runs can never put two canaries in front of users.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import paths
 from .config import STORED, ServingConfig
 from .errors import StateError
-from .fileio import atomic_write_text
+from .fileio import atomic_write_text, locked_json
 
 
 class Release(BaseModel):
@@ -109,10 +108,5 @@ def save(state: RegistryState) -> None:
 @contextlib.contextmanager
 def locked() -> Iterator[RegistryState]:
     """Load the state under an exclusive lock; saved on a clean exit."""
-    path = registry_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        state = load()
+    with locked_json(registry_path(), load) as state:
         yield state
-        save(state)

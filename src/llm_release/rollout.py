@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, Field
+from tabulate import tabulate
 
 from . import registry
 from .analysis import WindowVerdict
@@ -184,25 +185,37 @@ def evidence_markdown(windows: list[WindowRecord]) -> str:
     """Each window's checks, canary versus stable, for the approval form and the report."""
     if not windows:
         return "_No analysis window ran._\n"
-    lines = [
-        "| weight | window | check | canary | stable | rule | outcome |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for record in windows:
         v = record.verdict
-        lines.append(
-            f"| {record.weight}% | {record.index} | **verdict** | "
-            f"{_num(v.canary_requests)} req | {_num(v.stable_requests)} req | "
-            f"{v.window_s} s window | **{v.verdict}**: {_cell(v.reason)} |"
+        rows.append(
+            [
+                f"{record.weight}%",
+                record.index,
+                "**verdict**",
+                f"{_num(v.canary_requests)} req",
+                f"{_num(v.stable_requests)} req",
+                f"{v.window_s} s window",
+                f"**{v.verdict}**: {_cell(v.reason)}",
+            ]
         )
         for check in v.checks:
-            lines.append(
-                f"| | | {check.name} | {_num(check.canary)} | {_num(check.stable)} | "
-                f"{_cell(check.rule)} | {check.outcome}"
-                + (f": {_cell(check.reason)}" if check.outcome != "pass" else "")
-                + " |"
+            outcome = check.outcome
+            if check.outcome != "pass":
+                outcome += f": {_cell(check.reason)}"
+            rows.append(
+                [
+                    "",
+                    "",
+                    check.name,
+                    _num(check.canary),
+                    _num(check.stable),
+                    _cell(check.rule),
+                    outcome,
+                ]
             )
-    return "\n".join(lines) + "\n"
+    headers = ["weight", "window", "check", "canary", "stable", "rule", "outcome"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True) + "\n"
 
 
 def _num(value: float | None) -> str:

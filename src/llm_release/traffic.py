@@ -21,6 +21,7 @@ from collections import Counter
 from importlib import resources
 from urllib.parse import urlsplit, urlunsplit
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import TrafficError
@@ -84,17 +85,6 @@ def load_prompts() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The ``q``-th percentile (0–100) with linear interpolation (numpy's default)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
 class TrafficReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -147,8 +137,9 @@ class TrafficReport(BaseModel):
             failed=failed,
             errors=dict(sorted(errors.items())),
             error_samples=error_samples or {},
-            latency_p50_s=percentile(latencies_s, 50),
-            latency_p95_s=percentile(latencies_s, 95),
+            # numpy's default (linear) interpolation between the closest ranks
+            latency_p50_s=float(np.percentile(latencies_s, 50)) if latencies_s else None,
+            latency_p95_s=float(np.percentile(latencies_s, 95)) if latencies_s else None,
             latency_max_s=max(latencies_s) if latencies_s else None,
             output_tokens=output_tokens,
             achieved_rate_rps=sent / duration_s if duration_s > 0 else 0.0,

@@ -31,7 +31,7 @@ from llm_release.backends.docker import (
     resolve_image,
 )
 from llm_release.config import ServingConfig
-from llm_release.errors import ConfigError, ServeError
+from llm_release.errors import ConfigError, ServeError, StateError
 from llm_release.planner import request_for_serving
 from llm_release.serve import Owner, build_command
 
@@ -295,6 +295,21 @@ def test_the_gpu_ledger_keeps_running_servers_apart(home):
     gpus.give_back("candidate-b")
     assert gpus.claim("canary", serving, host, alive=lambda c: True) == [2, 3]
     assert gpus.claim("cpu-only", serving, [], alive=alive) == []
+
+
+def test_a_corrupt_gpu_ledger_is_rebuilt_and_a_corrupt_registry_refused(home):
+    # The GPU ledger only keeps live servers apart: a corrupt one starts afresh. The
+    # registry says which release serves users: a corrupt one is refused in one line.
+    gpus.ledger_path().write_text("{not json")
+    assert gpus.claim("stable", ServingConfig(), [0, 1], alive=lambda c: True) == [0]
+    assert [c["holder"] for c in json.loads(gpus.ledger_path().read_text())["claims"]] == ["stable"]
+    registry.registry_path().write_text("{not json")
+    with pytest.raises(StateError, match="is corrupt") as caught:
+        with registry.locked():
+            pass
+    assert "\n" not in caught.value.one_line()
+    assert registry.registry_path().read_text() == "{not json"
+    registry.registry_path().unlink()  # the home fixture's teardown reads the registry
 
 
 def _labels(role: str, owner_pid: int, started: float | None = None) -> dict[str, str]:

@@ -4,10 +4,11 @@ the release registry with the labels the analysis selects on."""
 import json
 import subprocess
 
+import pytest
 import yaml
 
 from llm_release.config import ServingConfig
-from llm_release.prometheus import Prometheus, render_config, render_targets
+from llm_release.prometheus import Prometheus, render_config, render_targets, scraped_values
 from llm_release.registry import RegistryState, Release
 from tests.helpers import require_tool
 
@@ -103,3 +104,40 @@ def test_an_auto_port_is_picked_at_start_and_again_when_taken(tmp_path, monkeypa
         held.close()
     monkeypatch.setenv(prom.PORT_ENV, "9191")
     assert prom.default_port() == 9191
+
+
+def test_scraped_values_reads_every_series_of_a_name_and_refuses_a_broken_page():
+    page = (
+        "# HELP vllm:num_requests_running Running requests.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="a"} 2.0\n'
+        'vllm:num_requests_running{model_name="b"} 3 1700000000000\n'
+        'vllm:num_requests_waiting{model_name="a"} 1\n'
+        "prometheus_config_last_reload_successful 1\n"
+    )
+    assert scraped_values(page, {"vllm:num_requests_running"}) == [2.0, 3.0]
+    assert scraped_values(page, {"vllm:num_requests_waiting", "nothing"}) == [1.0]
+    assert scraped_values(page, {"absent"}) == []
+    with pytest.raises(ValueError):
+        scraped_values(page + 'vllm:num_requests_waiting{model_name="b"} many\n', {"x"})
+
+
+def test_reload_reads_prometheus_own_metrics_and_says_when_it_refused(tmp_path, monkeypatch):
+    # Real prometheus: reload() waits for the reload timestamp on its /metrics page to move,
+    # and reads its 'last reload successful' gauge going to 0 as a refusal.
+    from llm_release import prometheus as prom
+    from llm_release.errors import MetricsError
+
+    monkeypatch.setenv(prom.PORT_ENV, "auto")
+    server = prom.Prometheus(tmp_path / "prometheus")
+    try:
+        server.start()
+        ok, before = server._reload_state()
+        assert ok == 1 and before > 1.7e9
+        server.reload()
+        assert server._reload_state()[1] > before
+        server.config_path.write_text("global: [not, a, mapping]\n")
+        with pytest.raises(MetricsError, match="refused its new config"):
+            server.reload()
+    finally:
+        server.stop()

@@ -170,3 +170,38 @@ def test_rollback_says_it_could_not_confirm_an_empty_server(
     drains = [e for e in state.history if e["event"] == "drain"]
     assert drains and drains[-1]["outcome"] == "unknown"
     assert drains[-1]["release"] == canary.release_id
+
+
+def test_running_requests_sums_every_series_and_a_page_that_does_not_parse_is_unknown():
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from threading import Thread
+
+    gauges = (
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="svc"} 2\n'
+        'vllm:num_requests_running{model_name="svc-0123"} 1\n'
+        'vllm:num_requests_waiting{model_name="svc"} 4 1700000000000\n'
+        "vllm:num_requests_total 99\n"
+    )
+    answers = iter([gauges, gauges + "a line that is not a sample\n"])
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = next(answers).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        release = release_for(1, server.server_address[1])
+        assert promote.running_requests(release, timeout_s=2) == 7
+        assert promote.running_requests(release, timeout_s=2) is None
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -4,6 +4,8 @@ tests/integration/test_prometheus_vllm.py and tests/e2e/test_canary_e2e.py."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -167,7 +169,52 @@ def test_evidence_lists_every_window_and_escapes_cells():
 
     records = [WindowRecord(weight=5, index=1, verdict=verdict("fail", "TTFT | 3x"))]
     text = evidence_markdown(records)
-    assert "| 5% | 1 |" in text and "TTFT \\| 3x" in text
+    assert table_rows(text)[0][:2] == ["5%", "1"] and "TTFT \\| 3x" in text
+    # Each row splits into exactly the seven columns: the escaped '|' stays inside its cell.
+    assert table_rows(text) == [
+        ["5%", "1", "**verdict**", "20 req", "380 req", "60 s window", "**fail**: TTFT \\| 3x"]
+    ]
+
+
+def table_rows(markdown: str) -> list[list[str]]:
+    """The body cells of a markdown table (header and separator lines left out)."""
+    lines = [line for line in markdown.splitlines() if line.startswith("|")][2:]
+    return [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in lines]
+
+
+def test_evidence_shows_each_check_under_its_window_with_the_reason_of_a_miss():
+    from llm_release.analysis import CheckResult
+    from llm_release.rollout import WindowRecord
+
+    checks = [
+        CheckResult(
+            name="ttft_p95",
+            canary=0.123456,
+            stable=None,
+            rule="canary <= 1.5 x stable | 0.2",
+            outcome="fail",
+            reason="3x\nslower",
+        ),
+        CheckResult(
+            name="errors", canary=0.0, stable=0.0, rule="<= 1%", outcome="pass", reason="ok"
+        ),
+    ]
+    record = WindowRecord(
+        weight=25, index=2, verdict=verdict("fail").model_copy(update={"checks": checks})
+    )
+    assert table_rows(evidence_markdown([record]))[1:] == [
+        [
+            "",
+            "",
+            "ttft_p95",
+            "0.1235",
+            "no data",
+            "canary <= 1.5 x stable \\| 0.2",
+            "fail: 3x slower",
+        ],
+        ["", "", "errors", "0", "0", "<= 1%", "pass"],
+    ]
+    assert evidence_markdown([]) == "_No analysis window ran._\n"
 
 
 def test_the_canary_warms_up_once_before_the_first_window_only():

@@ -17,7 +17,6 @@ from llm_release.traffic import (
     TrafficReport,
     load_prompts,
     local_base_url,
-    percentile,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,13 +106,18 @@ def test_a_bad_model_name_is_refused(model):
         Traffic("http://127.0.0.1:8080", model, rate_rps=1, duration_s=1)
 
 
-def test_percentile_interpolates_like_numpy():
-    values = [float(v) for v in range(1, 101)]
-    assert percentile(values, 50) == pytest.approx(50.5)
-    assert percentile(values, 95) == pytest.approx(95.05)
-    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert percentile([7.0], 95) == 7.0
-    assert percentile([], 50) is None
+def test_latency_percentiles_interpolate_between_the_closest_ranks():
+    def latencies(values: list[float]) -> tuple[float | None, float | None]:
+        report = TrafficReport.from_samples(
+            base_url="u", model="m", rate_rps=1, concurrency=1, latencies_s=values, errors={},
+            duration_s=1.0,
+        )  # fmt: skip
+        return report.latency_p50_s, report.latency_p95_s
+
+    assert latencies([float(v) for v in range(1, 101)]) == pytest.approx((50.5, 95.05))
+    assert latencies([3.0, 1.0, 2.0])[0] == 2.0
+    assert latencies([7.0]) == (7.0, 7.0)
+    assert latencies([]) == (None, None)
 
 
 def test_report_counts_failures_by_kind_and_the_achieved_rate():
