@@ -124,7 +124,7 @@ status:
 # Two pytest workers, a test file each at a time (--dist loadfile keeps a module's servers
 # and fixtures in one process): most of the suite's time is vLLM starts (single-threaded
 # imports of three processes, ~25 s each) and waits on live windows and leases, which
-# overlap on two cores; 30.1 min in one process on an AVX-512 host, see README "Tests".
+# overlap on two cores; 30.1 min in one process on an AVX-512 host, see docs/testing.md.
 # --no-loadscope-reorder: files in collection order, so the long end-to-end files start
 # first (xdist's default puts files with many tests first: the e2e ran last, on one worker).
 test: setup image
