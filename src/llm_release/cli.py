@@ -81,6 +81,13 @@ def cmd_traffic(args: argparse.Namespace) -> int:
             request_body = reasoning.releases_request_body([state.stable, state.canary])
             router = router_for(state)
             url, api_key = router.url, router.api_key
+        if model is None:
+            if state.stable is None:
+                raise StateError(
+                    "no release is serving, so there is no model name to send traffic to",
+                    hint="run a release first, or pass --model NAME (and --url URL)",
+                )
+            model = state.stable.public_name
     if args.api_key_file is not None:
         try:
             words = args.api_key_file.read_text("utf-8").split()
@@ -90,13 +97,6 @@ def cmd_traffic(args: argparse.Namespace) -> int:
                 hint="name a file whose first line is the key",
             ) from None
         api_key = words[0] if words else None
-        if model is None:
-            if state.stable is None:
-                raise StateError(
-                    "no release is serving, so there is no model name to send traffic to",
-                    hint="run a release first, or pass --model NAME (and --url URL)",
-                )
-            model = state.stable.public_name
     traffic = Traffic(
         url,
         model,
