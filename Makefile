@@ -113,7 +113,7 @@ demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	fi; \
 	echo "update wall time: $$((end - start)) s"; \
 	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
-	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
+	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl -H \"Authorization: Bearer \$$(cat $(LLM_RELEASE_HOME)/router/client.key)\" http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
 	echo "Prometheus: http://127.0.0.1:$(PROMETHEUS_PORT)  (data: $(LLM_RELEASE_HOME)/prometheus)"; \
 	$(CLI) canary status
 

@@ -120,6 +120,7 @@ def run(
         max_requests=args.requests,
         seed=args.seed,
         timeout_s=120,
+        api_key=router.api_key,
     )
     timeline = []
     with traffic:

@@ -170,10 +170,10 @@ def walk_canary(
     traffic = None
     if config.mode == "progressive" and config.traffic is not None:
         state = registry.load()
-        router_url = promote.router_for(state).url
+        router = promote.router_for(state)
         # Bounded: long enough for every window the policy can ask for, stopped at the end.
         traffic = Traffic(
-            router_url,
+            router.url,
             service,
             rate_rps=config.traffic.rate_rps,
             duration_s=rollout.longest_rollout_s(config),
@@ -181,6 +181,7 @@ def walk_canary(
             max_tokens=config.traffic.max_tokens,
             # Thinking off (unless serving.thinking) for the stable's and canary's models
             request_body=reasoning.releases_request_body([state.stable, state.canary]),
+            api_key=router.api_key,
         )
         traffic.start()
     try:

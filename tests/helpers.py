@@ -170,3 +170,9 @@ def chromium_page(url: str, png: Path, wait_ms: int = 20000) -> str:
     dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180)
     assert dom.returncode == 0, dom.stderr[-2000:]
     return dom.stdout
+
+
+def lb_headers(status: dict) -> dict[str, str]:
+    """The load balancer's key header, from the key file 'canary status --json' names."""
+    key = Path(status["api_key_file"]).read_text().strip()
+    return {"Authorization": f"Bearer {key}"}

@@ -20,6 +20,7 @@ def _print_status(as_json: bool) -> None:
         print(json.dumps(info, indent=2))
         return
     print(f"load balancer: {info['lb_url']} ({'running' if info['router_running'] else 'stopped'})")
+    print(f"  API key (Authorization: Bearer): {info['api_key_file']}")
     if not info["releases"]:
         print("no releases yet")
     for rel in info["releases"]:
@@ -67,17 +68,19 @@ def cmd_canary(args: argparse.Namespace) -> int:
 def cmd_traffic(args: argparse.Namespace) -> int:
     """A bounded, steady stream of chat completions through the load balancer."""
     from . import reasoning, registry
-    from .errors import StateError
+    from .errors import ConfigError, StateError
     from .promote import router_for
     from .traffic import Traffic
 
     url, model = args.url, args.model
     request_body: dict = {}
+    api_key = None
     if url is None or model is None:
         state = registry.load()
         if url is None:  # the service's router: the thinking switch of what it serves
             request_body = reasoning.releases_request_body([state.stable, state.canary])
-        url = url or router_for(state).url
+            router = router_for(state)
+            url, api_key = router.url, router.api_key
         if model is None:
             if state.stable is None:
                 raise StateError(
@@ -85,6 +88,15 @@ def cmd_traffic(args: argparse.Namespace) -> int:
                     hint="run a release first, or pass --model NAME (and --url URL)",
                 )
             model = state.stable.public_name
+    if args.api_key_file is not None:
+        try:
+            words = args.api_key_file.read_text("utf-8").split()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot read --api-key-file {args.api_key_file}: {exc.strerror}",
+                hint="name a file whose first line is the key",
+            ) from None
+        api_key = words[0] if words else None
     traffic = Traffic(
         url,
         model,
@@ -94,6 +106,7 @@ def cmd_traffic(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         seed=args.seed,
         request_body=request_body,
+        api_key=api_key,
     )
     if not args.json:
         print(
@@ -469,6 +482,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", help="the load balancer (default: the router's, from the registry)"
     )
     traffic.add_argument("--model", help="served model name (default: the stable release's)")
+    traffic.add_argument(
+        "--api-key-file",
+        type=Path,
+        help="file whose first line is the API key to send (default with no --url: the "
+        "router's own key)",
+    )
     traffic.add_argument("--seed", type=int, default=0, help="seed of the prompt order")
     traffic.add_argument("--json", action="store_true", help="the report as JSON")
     traffic.set_defaults(func=cmd_traffic)

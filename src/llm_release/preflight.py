@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import socket
 
-from . import local_source, paths, prometheus
+from . import door, local_source, paths, prometheus
 from .config import ReleaseConfig
 from .errors import ConfigError, MetricsError, RouterError, ServeError
 from .evalsets import validate_cached
@@ -42,6 +42,7 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
         raise RouterError(
             "haproxy is not installed", hint="run 'make setup' (apt-get install haproxy)"
         )
+    door.settings()  # the operator's door: a public bind without TLS and keys is refused
     ensure_no_canary()
     router = router_for(load())
     if not router.running():

@@ -446,6 +446,8 @@ def status() -> dict:
         )
     return {
         "lb_url": router.url,
+        # The project's own key: the loopback listener takes it (the demo's key).
+        "api_key_file": str(router.api_key_path),
         "router_running": running,
         "canary_weight": state.canary_weight if state.canary else 0,
         "releases": releases,

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import processes
+from . import door, processes
 from .credentials import child_env
 from .errors import RouterError
 from .fileio import atomic_write_text
@@ -47,6 +47,12 @@ RETRIES = 3
 # at once) makes it transitional, checked again after fastinter, and fall 2 takes it out.
 # Retries cover the requests of that second; drain covers planned stops entirely.
 CHECKS = "check inter 1s fastinter 250ms downinter 1s fall 2 rise 1"
+# The answer to a request without a valid key (OpenAI's error shape; RFC 6750's challenge).
+UNAUTHORIZED = (
+    '{"error":{"message":"missing or invalid API key (Authorization: Bearer <key>)",'
+    '"type":"invalid_request_error","code":"invalid_api_key"}}'
+)
+CHALLENGE = 'Bearer realm="llm-release"'
 
 
 @dataclass(frozen=True)
@@ -63,8 +69,14 @@ def render_config(
     pid_path: Path,
     stable: SlotTarget | None,
     canary: SlotTarget | None,
+    key_map: Path,
     metrics_port: int | None = None,
+    public_bind: str | None = None,
+    tls_pem: Path | None = None,
 ) -> str:
+    """HAProxy's config. Every request needs an API key whose SHA-256 is in ``key_map``
+    (see ``door``); ``public_bind`` adds a listener beside the loopback one, TLS with
+    ``tls_pem``."""
     lines = [
         "global",
         f"    stats socket {socket_path} mode 600 level admin",
@@ -89,7 +101,22 @@ def render_config(
         "    option httplog",
         "",
         "frontend llm",
-        f"    bind 127.0.0.1:{listen_port}",
+        f"    bind 127.0.0.1:{listen_port} name loopback",
+    ]
+    if public_bind is not None:
+        tls = f" ssl crt {tls_pem} ssl-min-ver TLSv1.2" if tls_pem is not None else ""
+        lines.append(f"    bind {door.haproxy_address(public_bind)} name public{tls}")
+    lines += [
+        # The door (door.py): the presented key's SHA-256 looked up in the map; the
+        # project's own key opens the loopback listener only. A refusal is a 'deny', so
+        # HAProxy counts it in the frontend's denied requests (dreq).
+        f"    http-request set-var(txn.key_kind) http_auth_bearer,sha2(256),hex,map_str({key_map})",
+        f"    acl operator_key var(txn.key_kind) -m str {door.OPERATOR}",
+        f"    acl project_key var(txn.key_kind) -m str {door.PROJECT}",
+        "    acl on_loopback so_name loopback",
+        "    http-request deny status 401 content-type application/json "
+        f"string '{UNAUTHORIZED}' hdr WWW-Authenticate '{CHALLENGE}' "
+        "unless operator_key || project_key on_loopback",
         f"    default_backend {BACKEND}",
         "",
         f"backend {BACKEND}",
@@ -148,17 +175,34 @@ def render_config(
 class Router:
     """Controls one HAProxy instance whose files live under ``directory``."""
 
-    def __init__(self, directory: Path, listen_port: int) -> None:
+    def __init__(
+        self, directory: Path, listen_port: int, door_settings: door.DoorSettings | None = None
+    ) -> None:
+        """``door_settings``: the operator's (default: read from the environment at start)."""
         self.directory = Path(directory)
         self.listen_port = listen_port
+        self.door_settings = door_settings
         self.socket_path = self.directory / "haproxy.sock"
         self.pid_path = self.directory / "haproxy.pid"
         self.config_path = self.directory / "haproxy.cfg"
         self.metrics_port_path = self.directory / "metrics-port"
+        self.key_map_path = self.directory / "keys.map"
+        self.api_key_path = self.directory / "client.key"
 
     @property
     def url(self) -> str:
+        """The loopback listener: the project's own clients send through it."""
         return f"http://127.0.0.1:{self.listen_port}"
+
+    @property
+    def api_key(self) -> str:
+        """The project's own API key (made on first use; opens the loopback listener)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return door.project_key(self.api_key_path)
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
 
     @property
     def metrics_port(self) -> int | None:
@@ -186,6 +230,10 @@ class Router:
                 f"router directory path is too long for a unix socket: {self.socket_path}",
                 hint="set LLM_RELEASE_HOME to a shorter path",
             )
+        door_cfg = (self.door_settings or door.settings()).check()
+        operator_keys = door.read_keys(door_cfg.keys_file) if door_cfg.keys_file else []
+        # Hashes only; 0600 like every file atomic_write_text makes.
+        atomic_write_text(self.key_map_path, door.render_key_map(operator_keys, self.api_key))
         metrics_port = settings().haproxy_metrics_port or free_port()
         config = render_config(
             listen_port=self.listen_port,
@@ -193,7 +241,10 @@ class Router:
             pid_path=self.pid_path,
             stable=stable,
             canary=canary,
+            key_map=self.key_map_path,
             metrics_port=metrics_port,
+            public_bind=door_cfg.bind,
+            tls_pem=door_cfg.tls_pem,
         )
         atomic_write_text(self.config_path, config)
         check = subprocess.run(
@@ -214,8 +265,10 @@ class Router:
         if proc.returncode != 0:
             raise RouterError(
                 f"HAProxy did not start: {proc.stderr.strip()}",
-                hint=f"is port {self.listen_port} (or the metrics port {metrics_port}) already in "
-                f"use? set a different router port or {METRICS_PORT_ENV}",
+                hint=f"is port {self.listen_port} (or the metrics port {metrics_port}"
+                + (f", or {door_cfg.bind}" if door_cfg.bind else "")
+                + f") already in use? set a different router port, {METRICS_PORT_ENV} or "
+                f"{door.BIND_ENV}",
             )
         atomic_write_text(self.metrics_port_path, f"{metrics_port}\n")
         deadline = time.monotonic() + 10

@@ -213,6 +213,24 @@ class Settings(BaseSettings):
             "starts and recorded beside it."
         ),
     )
+    door_keys_file: Path | None = Field(
+        None,
+        **_describe(
+            "The load balancer's API keys: a file, one key a line (mode 0600). Unset: only the "
+            "project's own key (<home>/router/client.key) opens the loopback listener."
+        ),
+    )
+    door_bind: str | None = Field(
+        None,
+        **_describe(
+            "ADDRESS:PORT of a public listener beside the loopback one; an address other than "
+            "loopback needs LLM_RELEASE_DOOR_TLS_PEM and LLM_RELEASE_DOOR_KEYS_FILE."
+        ),
+    )
+    door_tls_pem: Path | None = Field(
+        None,
+        **_describe("The public listener's certificate, its chain and private key (PEM, 0600)."),
+    )
     haproxy_metrics_port: int | None = Field(
         None,
         **_describe("The port of HAProxy's Prometheus exporter. Unset: a free port."),

@@ -222,9 +222,11 @@ class Traffic:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         max_requests: int | None = None,
         request_body: dict | None = None,
+        api_key: str | None = None,
     ) -> None:
         """``request_body``: fields every request carries besides the chat (the thinking
-        switch of a reasoning model: ``reasoning.request_body``)."""
+        switch of a reasoning model: ``reasoning.request_body``). ``api_key``: the load
+        balancer's key (``Router.api_key``), sent as ``Authorization: Bearer``."""
         self.base_url = local_base_url(base_url)
         if not isinstance(model, str) or not model.strip() or len(model) > 256:
             raise TrafficError(
@@ -254,6 +256,9 @@ class Traffic:
                 hint="pass e.g. {'chat_template_kwargs': {'enable_thinking': False}}",
             )
         self.request_body = dict(request_body or {})
+        if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+            raise TrafficError("api_key must be a non-empty string", hint="pass Router.api_key")
+        self._api_key = api_key
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -280,7 +285,8 @@ class Traffic:
 
         self._client = openai.OpenAI(
             base_url=self.base_url,
-            api_key="EMPTY",  # vLLM behind the router needs none; never the caller's key
+            # The load balancer's key when given; never the caller's OPENAI_API_KEY.
+            api_key=self._api_key or "EMPTY",
             max_retries=0,
             timeout=self.timeout_s,
             # No proxy from the environment: the stream goes to this machine directly.

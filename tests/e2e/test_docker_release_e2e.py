@@ -17,7 +17,7 @@ import requests
 
 from llm_release import image, registry
 from llm_release.backends.docker import PROJECT, client, docker_available, label
-from tests.helpers import TINY_REPO, vllm_processes
+from tests.helpers import TINY_REPO, lb_headers, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
@@ -109,6 +109,7 @@ def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_o
         ("stable", 95, True),
         ("canary", 5, True),
     ]
+    headers = lb_headers(status)
     chat = requests.post(
         f"{status['lb_url']}/v1/chat/completions",
         json={
@@ -116,11 +117,13 @@ def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_o
             "messages": [{"role": "user", "content": "Hi"}],
             "max_tokens": 4,
         },
+        headers=headers,
         timeout=60,
     )
     assert chat.status_code == 200, chat.text
     for _ in range(20):
-        assert requests.get(f"{status['lb_url']}/v1/models", timeout=10).status_code == 200
+        models = requests.get(f"{status['lb_url']}/v1/models", headers=headers, timeout=10)
+        assert models.status_code == 200
 
     # The canary's container itself: chat completions and vLLM's Prometheus metrics on a
     # port published on 127.0.0.1 only, the model mounted read-only, the locally built image.
@@ -155,7 +158,8 @@ def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_o
     assert "Starting vLLM server" in open(canary_log).read()
     status = json.loads(cli("canary", "status", "--json"))
     assert [r["role"] for r in status["releases"]] == ["stable"]
-    assert requests.get(f"{status['lb_url']}/v1/models", timeout=10).status_code == 200
+    models = requests.get(f"{status['lb_url']}/v1/models", headers=lb_headers(status), timeout=10)
+    assert models.status_code == 200
 
     cli("down")
     assert containers(home) == {}

@@ -10,7 +10,13 @@ import requests
 
 from llm_release import registry
 from llm_release.hub_server import publish_repo
-from tests.helpers import TINY_REPO, chromium_page, prefect_server_with_ui, vllm_processes
+from tests.helpers import (
+    TINY_REPO,
+    chromium_page,
+    lb_headers,
+    prefect_server_with_ui,
+    vllm_processes,
+)
 
 pytestmark = [pytest.mark.slow]
 
@@ -34,9 +40,10 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
-def lb_get(url: str, count: int) -> None:
+def lb_get(status: dict, count: int) -> None:
+    url, headers = status["lb_url"], lb_headers(status)
     for _ in range(count):
-        assert requests.get(f"{url}/v1/models", timeout=10).status_code == 200
+        assert requests.get(f"{url}/v1/models", headers=headers, timeout=10).status_code == 200
 
 
 def prefect_task_runs(flow_run_id) -> dict:
@@ -255,7 +262,7 @@ def test_release_end_to_end(
 
     # 95/5 behind the load balancer, then a rollback: the canary gets nothing more.
     assert status["lb_url"] == f"http://127.0.0.1:{router_port}"
-    lb_get(status["lb_url"], 100)
+    lb_get(status, 100)
     status = json.loads(cli("canary", "status", "--json"))
     served = {r["role"]: r for r in status["releases"]}
     assert served["canary"]["weight"] == 5 and served["stable"]["weight"] == 95
@@ -263,7 +270,7 @@ def test_release_end_to_end(
     assert served["stable"]["requests"] + served["canary"]["requests"] == 100
 
     cli("canary", "rollback")
-    lb_get(status["lb_url"], 50)
+    lb_get(status, 50)
     status = json.loads(cli("canary", "status", "--json"))
     assert [r["role"] for r in status["releases"]] == ["stable"]
     assert json.loads((home / "releases.json").read_text())["canary"] is None

@@ -148,7 +148,9 @@ def test_the_analysis_returns_numbers_for_both_roles(stack):
     body = {"model": SERVICE, "prompt": "Torque for M8 bolts:", "max_tokens": 8}
     body |= {"ignore_eos": True, "temperature": 0}
     for _ in range(REQUESTS):
-        reply = requests.post(f"{router.url}/v1/completions", json=body, timeout=60)
+        reply = requests.post(
+            f"{router.url}/v1/completions", json=body, headers=router.auth_headers, timeout=60
+        )
         assert reply.status_code == 200, reply.text
     after = {role: finished_on(port) for role, port in ports.items()}
     sent = {role: after[role] - before[role] for role in ports}

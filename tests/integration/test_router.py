@@ -66,7 +66,10 @@ def router(home, backends):
 
 def test_five_percent_reach_the_canary(router, backends):
     stable, canary = backends
-    answers = [requests.get(f"{router.url}/x", timeout=5).text for _ in range(100)]
+    answers = [
+        requests.get(f"{router.url}/x", headers=router.auth_headers, timeout=5).text
+        for _ in range(100)
+    ]
     assert answers.count("canary") == 5 and answers.count("stable") == 95
     stats = router.stats()
     assert int(stats["canary"]["stot"]) == 5 and int(stats["stable"]["stot"]) == 95
@@ -77,11 +80,17 @@ def test_rollback_keeps_in_flight_requests(router, backends):
     router.set_weight("stable", 1)
     router.set_weight("canary", 255)
     with ThreadPoolExecutor(4) as pool:
-        in_flight = [pool.submit(requests.get, f"{router.url}/slow", timeout=10) for _ in range(4)]
+        in_flight = [
+            pool.submit(requests.get, f"{router.url}/slow", headers=router.auth_headers, timeout=10)
+            for _ in range(4)
+        ]
         time.sleep(0.5)
         assert canary.hits >= 1, "no request reached the slow canary before the rollback"
         router.set_weight("canary", 0)
-        after = [requests.get(f"{router.url}/x", timeout=5).text for _ in range(30)]
+        after = [
+            requests.get(f"{router.url}/x", headers=router.auth_headers, timeout=5).text
+            for _ in range(30)
+        ]
         replies = [f.result() for f in in_flight]
     assert all(r.status_code == 200 for r in replies)
     assert after.count("canary") == 0
@@ -91,7 +100,10 @@ def test_slot_retarget_without_restart(router, backends):
     stable, _ = backends
     pid = router.pid()
     router.set_target("canary", None)
-    assert {requests.get(f"{router.url}/x", timeout=5).text for _ in range(20)} == {"stable"}
+    assert {
+        requests.get(f"{router.url}/x", headers=router.auth_headers, timeout=5).text
+        for _ in range(20)
+    } == {"stable"}
     assert router.pid() == pid
 
 
@@ -106,7 +118,9 @@ def test_a_slot_repointed_from_a_dead_server_serves_at_once(router, backends):
     assert router.stats()["stable"]["status"] == "DOWN"
     router.set_target("stable", SlotTarget("127.0.0.1", stable.port, 100))
     router.set_target("canary", None)
-    replies = [requests.get(f"{router.url}/x", timeout=5) for _ in range(5)]
+    replies = [
+        requests.get(f"{router.url}/x", headers=router.auth_headers, timeout=5) for _ in range(5)
+    ]
     assert [r.status_code for r in replies] == [200] * 5
     assert {r.text for r in replies} == {"stable"}
 

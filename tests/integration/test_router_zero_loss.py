@@ -93,7 +93,9 @@ def test_weight_steps_promote_rollback_and_drain_lose_no_request(home, fakes, mo
     router = promote.router_for(state)
     wait_up(router, "stable", "canary")
     # ~24 requests a second over 8 connections: every change below meets requests in flight.
-    with Traffic(router.url, "svc", rate_rps=24, duration_s=60, concurrency=8) as traffic:
+    with Traffic(
+        router.url, "svc", rate_rps=24, duration_s=60, concurrency=8, api_key=router.api_key
+    ) as traffic:
         for weight in (25, 50):
             time.sleep(0.6)
             assert promote.set_canary_weight(weight).canary_weight == weight
@@ -135,7 +137,9 @@ def test_a_server_killed_mid_stream_loses_no_request(home, fakes):
         SlotTarget("127.0.0.1", doomed.port, 50), SlotTarget("127.0.0.1", survivor.port, 50)
     )
     wait_up(router, "stable", "canary")
-    with Traffic(router.url, "svc", rate_rps=24, duration_s=60, concurrency=8) as traffic:
+    with Traffic(
+        router.url, "svc", rate_rps=24, duration_s=60, concurrency=8, api_key=router.api_key
+    ) as traffic:
         time.sleep(1.0)
         os.kill(doomed.pid, signal.SIGTERM)  # records what it had in flight, then _exit
         time.sleep(2.5)

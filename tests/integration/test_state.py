@@ -203,7 +203,10 @@ def test_rollback_draining_while_a_release_deploys_leaves_haproxy_and_registry_a
         router = promote.router_for(state)
         stats = router.stats()
         assert stats["canary"]["weight"] == "5" and stats["canary"]["status"] != "MAINT"
-        answers = [requests.get(f"{router.url}/x", timeout=5).text for _ in range(100)]
+        answers = [
+            requests.get(f"{router.url}/x", headers=router.auth_headers, timeout=5).text
+            for _ in range(100)
+        ]
         # ~5% reach the new canary (roundrobin after weight changes is within one or two).
         assert 2 <= answers.count("new") <= 8 and answers.count("old") == 0
     finally:

@@ -56,6 +56,7 @@ def test_router_config_parks_an_empty_canary_slot():
         pid_path=Path("/p"),
         stable=SlotTarget("127.0.0.1", 9001, 100),
         canary=None,
+        key_map=Path("/k.map"),
     )
     assert "server stable 127.0.0.1:9001 weight 100" in text
     assert "server canary 127.0.0.1:9 weight 0 disabled" in text
