@@ -432,8 +432,7 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
     others = [r for r in results if r.name != BASELINE and r.evals]
     lines = ["## Quality (per eval set and slice)", ""]
     for base_ev in baseline.evals:
-        confidence = float(base_ev.gates.get("confidence", 0.95)) if base_ev.gates else 0.95
-        critical = base_ev.gates.get("critical", True) if base_ev.gates else True
+        confidence, critical = base_ev.gates.confidence, base_ev.gates.critical
         lines += [
             f"### {base_ev.eval_set} (version {base_ev.version}, "
             f"{'critical' if critical else 'non-critical'}, decoding v"

@@ -160,17 +160,13 @@ def judge(
     )
 
 
-def _spec(ev: EvalResult) -> GateSpec:
-    return GateSpec.model_validate(ev.gates) if ev.gates else GateSpec()
-
-
 def _score_gates(result: CandidateResult) -> list[GateVerdict]:
     """Absolute gates: the minimum score of every set, for every challenger."""
     if not result.evals:
         return [_gate("quality", "fail", value=None, threshold=None, detail="no eval scores")]
     out = []
     for ev in result.evals:
-        spec = _spec(ev)
+        spec = ev.gates
         for metric, gate in spec.metrics.items():
             if gate.min_score is None:
                 continue
@@ -209,7 +205,7 @@ def _drop_gates(
     by_set = {e.eval_set: e for e in reference.evals}
     out = []
     for ev in result.evals:
-        spec = _spec(ev)
+        spec = ev.gates
         base = by_set.get(ev.eval_set)
         for metric, gate in spec.metrics.items():
             if gate.max_drop is None:

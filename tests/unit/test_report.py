@@ -1,4 +1,5 @@
 from llm_release.config import Gates
+from llm_release.evalsets import GateSpec
 from llm_release.report import render_markdown
 from llm_release.results import (
     CandidateResult,
@@ -96,7 +97,7 @@ def test_report_shows_slices_intervals_gates_and_disagreements():
 def test_the_report_names_the_floor_that_refused_a_first_release():
     gates = GATES | {"metrics": {"numeric_match": {"min_score": 0.5, "max_drop": 0.05}}}
     results = [candidate("baseline", [0, 0, 1, 0], ["x", "y", "2 bar", "z"])]
-    results[0].evals[0].gates = gates
+    results[0].evals[0].gates = GateSpec.model_validate(gates)
     decision = decide(results, Gates())
     assert decision.stable is None
     text = render_markdown(
@@ -115,7 +116,7 @@ def test_the_report_names_the_floor_that_refused_a_first_release():
     assert "| kb/numeric_match:min_score | FAIL | — | 0.25 |" in text
     # A candidate that passes its floors gets no such line.
     results = [candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"])]
-    results[0].evals[0].gates = gates
+    results[0].evals[0].gates = GateSpec.model_validate(gates)
     passed = render_markdown(
         title="t",
         source={"repo_id": "a/b", "revision": "main", "commit": "c" * 40},

@@ -51,7 +51,7 @@ def result(name, scores=(1,) * 40, levels=None, status="measured", size=100, spe
                 num_items=len(items),
                 items=items,
                 metrics={"m": MetricScore(value=mean)},
-                gates=spec.model_dump(),
+                gates=spec,
             )
         ]
         if status == "measured"
