@@ -8,7 +8,8 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
-from flows.release import ReleaseOutcome, cli_config, hub_access, release, run_cli
+from flows.cli import cli_config, run_cli
+from flows.release import ReleaseOutcome, hub_access, release
 from llm_release import decisions, registry
 from llm_release.config import ReleaseConfig
 from llm_release.promote import release_alive

@@ -8,18 +8,16 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from llm_release.plots import write_plots
-from llm_release.report import candidate_rows, with_plots, write_run_files
-from llm_release.results import CandidateResult, Decision
+from llm_release.report import ReleaseReport, candidate_rows, with_plots
 
 
 @task(name="report", cache_policy=NO_CACHE)
-def publish_report(
-    run_dir: Path, markdown: str, payload: dict, results: list[CandidateResult], decision: Decision
-) -> dict[str, str]:
-    slo = ((payload.get("config") or {}).get("gates") or {}).get("ttft_p95_slo_s")
-    plots = write_plots(run_dir, results, slo)
-    markdown = with_plots(markdown, plots, run_dir)
-    files = write_run_files(run_dir, markdown, payload, results)
+def publish_report(run_dir: Path, report: ReleaseReport) -> dict[str, str]:
+    """``report.md`` (with the plots), ``report.json`` and ``items.csv`` in ``run_dir``, and
+    the same as Prefect artifacts; the files' paths by kind."""
+    plots = write_plots(run_dir, report.results, report.config.gates.ttft_p95_slo_s)
+    markdown = with_plots(report.to_markdown(), plots, run_dir)
+    files = report.write_files(run_dir, markdown)
     if plots:
         # The UI cannot read the run folder: the artifact carries the PNGs inline.
         create_markdown_artifact(
@@ -33,8 +31,8 @@ def publish_report(
         )
     create_table_artifact(
         key="release-candidates",
-        table=candidate_rows(results, decision),
-        description=decision.summary,
+        table=candidate_rows(report.results, report.decision),
+        description=report.decision.summary,
     )
     create_markdown_artifact(
         key="release-report", markdown=markdown, description=f"release report ({files['markdown']})"

@@ -195,7 +195,7 @@ def run_evaluation(
                 num_items=len(items),
                 metrics=metric_scores,
                 decoding=decoding | (request_body or {}),
-                gates=eval_set.gates.model_dump(),
+                gates=eval_set.gates,
                 items=items,
                 samples_path=str(samples_path),
             )

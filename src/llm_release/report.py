@@ -1,15 +1,19 @@
-"""The release report: one markdown file and one JSON file per run, plus table rows."""
+"""The release report: a typed ``ReleaseReport`` that renders its markdown and writes one
+markdown file and one JSON file per run (plus every item's scores, side by side)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+from tabulate import tabulate
+
 from . import rollout
-from .config import BASELINE
+from .config import BASELINE, ReleaseConfig
 from .fileio import atomic_write_text
 from .planner import CapacityPlan
 from .probe import HostSupport
+from .registry import RegistryState
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
 from .rollout import RolloutOutcome
 from .select import floor_refusals, paired
@@ -18,8 +22,142 @@ from .stats import bootstrap_mean_ci
 DISAGREEMENTS_SHOWN = 3
 
 
+class Origin(BaseModel):
+    """The model a release judged: the revision asked for and the commit it resolved to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo_id: str
+    revision: str
+    commit: str
+
+
+class Deployment(BaseModel):
+    """What serves after the release: the load balancer, the stable release, the canary."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    load_balancer: str = Field(alias="load balancer", description="the service's URL")
+    stable: str | None = Field(description="the stable release's id")
+    canary: str | None = Field(description="the canary's release id and weight ('… at 25%')")
+
+    @classmethod
+    def of(cls, state: RegistryState) -> Deployment:
+        return cls(
+            load_balancer=f"http://127.0.0.1:{state.router_port}",
+            stable=state.stable.release_id if state.stable else None,
+            canary=f"{state.canary.release_id} at {state.canary_weight}%" if state.canary else None,
+        )
+
+
+class ReleaseReport(BaseModel):
+    """One release run, as ``report.json`` keeps it; ``to_markdown()`` is ``report.md``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    source: Origin
+    plan: CapacityPlan | None = Field(None, description="the sizing plan, from the repo's headers")
+    config: ReleaseConfig
+    host: HostSupport | None = None
+    results: list[CandidateResult]
+    decision: Decision
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    deployment: Deployment | None = Field(None, description="None: nothing was deployed")
+    canary: RolloutOutcome | None = None
+
+    @property
+    def title(self) -> str:
+        return f"Release {self.run_id}: {self.source.repo_id}"
+
+    @property
+    def verdict(self) -> str:
+        """deployed, rejected, review rejected; or the canary's end: promoted, rolled back."""
+        if self.canary is not None and self.canary.status in ("promoted", "rolled back"):
+            return self.canary.status
+        if self.deployment is not None:
+            return "deployed"
+        return "review rejected" if self.decision.reviewed else "rejected"
+
+    @property
+    def summary(self) -> str:
+        """The decision's summary, and how the canary ended when it ended."""
+        if self.canary is not None and self.canary.status in ("promoted", "rolled back"):
+            return f"{self.decision.summary}; canary {self.canary.status}: {self.canary.reason}"
+        return self.decision.summary
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2) + "\n"
+
+    def to_markdown(self) -> str:
+        results, decision = self.results, self.decision
+        lines = [f"# {self.title}", ""]
+        lines += [
+            f"- **Model:** `{self.source.repo_id}` revision `{self.source.revision}` "
+            f"→ commit `{self.source.commit}`",
+            f"- **Decision:** {decision.summary}",
+        ]
+        floors = floor_refusals(decision.verdicts)
+        if floors:
+            lines.append("- **Refused by floors (min_score):** " + "; ".join(floors))
+        lines.append("")
+        if self.host is not None:
+            lines += host_section(self.host)
+        lines += sizing_section(self.plan, results)
+        rows = candidate_rows(results, decision)
+        if rows:
+            headers = list(dict.fromkeys(k for row in rows for k in row))
+            table = [[row.get(h) for h in headers] for row in rows]
+            lines += ["## Candidates", "", *_table(headers, table), ""]
+        lines += tuning_section(results)
+        lines += quality_section(results)
+        lines += gates_section(decision, results)
+        lines += load_section(results, decision)
+        load_notes = [f"- {r.name}, {note}" for r in results if r.load for note in r.load.notes]
+        if load_notes:
+            lines += ["", "Levels that measured fewer requests than planned:", "", *load_notes]
+        lines += ["", "## Rule", "", decision.rule, ""]
+        failed = [r for r in results if r.status == "failed"]
+        if failed:
+            lines += ["## Failures", ""]
+            for r in failed:
+                lines += [f"### {r.name}", "", "```", (r.error or "")[-3000:], "```", ""]
+        total = sum(self.stage_seconds.values()) or 1.0
+        timings = [[k, f"{v:.1f}", f"{v / total:.0%}"] for k, v in self.stage_seconds.items()]
+        lines += ["## Stage timings", "", *_table(["stage", "seconds", "share"], timings), ""]
+        if self.deployment is not None:
+            lines += ["## Deployment", ""]
+            lines += [f"- **{k}:** {v}" for k, v in self.deployment.model_dump().items()]
+            lines.append("")
+        if self.canary is not None:
+            lines += canary_section(self.canary)
+        return "\n".join(lines)
+
+    def write_files(self, run_dir: Path, markdown: str) -> dict[str, str]:
+        """``report.md`` (``markdown``: this report's, with its plots), ``report.json`` and
+        ``items.csv`` in ``run_dir``; their paths by kind."""
+        report_md = run_dir / "report.md"
+        report_json = run_dir / "report.json"
+        atomic_write_text(report_md, markdown)
+        atomic_write_text(report_json, self.to_json())
+        files = {"markdown": str(report_md), "json": str(report_json)}
+        # Per-item scores and answers of every contender side by side, for data scientists.
+        table = items_table(self.results)
+        if not table.empty:
+            atomic_write_text(run_dir / "items.csv", table.to_csv(index=False))
+            files["items"] = str(run_dir / "items.csv")
+        return files
+
+
 def _fmt(value: float | None, spec: str = ".1f") -> str:
     return "—" if value is None else format(value, spec)
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
+    """A markdown (GitHub) table, its lines; a cell's pipes and line breaks cannot break
+    its row."""
+    cells = [["—" if c is None else _cell(c) for c in row] for row in rows]
+    return tabulate(cells, headers, tablefmt="github", disable_numparse=True).splitlines()
 
 
 def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[dict]:
@@ -78,18 +216,21 @@ def sizing_section(plan: CapacityPlan | None, results: list[CandidateResult]) ->
     if plan is not None:
         lines += [f"- **Plan (from the repo's headers, before the download):** {plan.verdict}", ""]
     if checks:
-        lines += [
-            "| candidate | KV-cache tokens: planner | vLLM | error | max concurrency: planner | vLLM |",
-            "|---|---|---|---|---|---|",
+        headers = ["candidate", "KV-cache tokens: planner", "vLLM", "error"]
+        headers += ["max concurrency: planner", "vLLM"]
+        rows = [
+            [
+                r.name,
+                f"{k.planner_kv_cache_tokens:,}",
+                f"{k.vllm_kv_cache_tokens:,}",
+                f"{k.tokens_error:+.2%}",
+                f"{k.planner_max_concurrency:.2f}",
+                f"{k.vllm_max_concurrency:.2f}",
+            ]
+            for r in checks
+            for k in [r.kv_check]
         ]
-        for r in checks:
-            k = r.kv_check
-            lines.append(
-                f"| {r.name} | {k.planner_kv_cache_tokens:,} | {k.vllm_kv_cache_tokens:,} | "
-                f"{k.tokens_error:+.2%} | {k.planner_max_concurrency:.2f} | "
-                f"{k.vllm_max_concurrency:.2f} |"
-            )
-        lines.append("")
+        lines += [*_table(headers, rows), ""]
     return lines
 
 
@@ -105,18 +246,25 @@ def tuning_section(results: list[CandidateResult]) -> list[str]:
         f"Goodput: the highest concurrency at which TTFT p95 ≤ {slo.ttft_p95_ms:.0f} ms and "
         f"ITL p95 ≤ {slo.itl_p95_ms:.0f} ms with errors ≤ {slo.max_error_rate:.1%}.",
         "",
-        "| candidate | chosen setting | goodput (streams) | output tok/s there | settings started | "
-        "of grid | pruned | levels | seconds |",
-        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in tuned:
-        t = r.tuning
-        lines.append(
-            f"| {r.name} | {t.chosen.label() if t.chosen else 'none (untuned)'} | "
-            f"{t.chosen_goodput} | {t.chosen_goodput_tok_s:.1f} | {len(t.trials)} | {t.grid_size} | "
-            f"{len(t.pruned)} | {t.levels_measured} | {t.seconds:.0f} |"
-        )
-    lines.append("")
+    headers = ["candidate", "chosen setting", "goodput (streams)", "output tok/s there"]
+    headers += ["settings started", "of grid", "pruned", "levels", "seconds"]
+    rows = [
+        [
+            r.name,
+            t.chosen.label() if t.chosen else "none (untuned)",
+            t.chosen_goodput,
+            f"{t.chosen_goodput_tok_s:.1f}",
+            len(t.trials),
+            t.grid_size,
+            len(t.pruned),
+            t.levels_measured,
+            f"{t.seconds:.0f}",
+        ]
+        for r in tuned
+        for t in [r.tuning]
+    ]
+    lines += [*_table(headers, rows), ""]
     for r in tuned:
         for p in r.tuning.pruned:
             lines.append(f"- {r.name}: not started: {p.setting.label()} — {_cell(p.reason)}")
@@ -137,31 +285,40 @@ def load_section(results: list[CandidateResult], decision: Decision) -> list[str
             "ITL within the SLO; an error counts as missing it).",
             "",
         ]
-    lines += [
-        "| candidate | concurrency | requests | errors | TTFT p50 ms | TTFT p95 ms | "
-        "ITL p50 ms | ITL p95 ms | output tok/s | SLO attainment | conforming req/s | SLO |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    headers = ["candidate", "concurrency", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms"]
+    headers += ["ITL p50 ms", "ITL p95 ms", "output tok/s", "SLO attainment"]
+    headers += ["conforming req/s", "SLO"]
+    rows = []
     for r in results:
         good = verdicts[r.name].goodput if r.name in verdicts else None
         for lv in r.load.levels if r.load else []:
             if good is None:
                 mark = "—"
             elif lv.concurrency in good.failures:
-                mark = f"missed: {_cell(good.failures[lv.concurrency])}"
+                mark = f"missed: {good.failures[lv.concurrency]}"
             elif lv.concurrency == good.concurrency:
                 mark = "**goodput**"
             elif lv.concurrency < good.concurrency:
                 mark = "met"
             else:
                 mark = "met (above a missed level)"
-            lines.append(
-                f"| {r.name} | {lv.concurrency} | {lv.requests} | {lv.errors} | "
-                f"{lv.ttft_p50_ms:.0f} | {lv.ttft_p95_ms:.0f} | {lv.itl_p50_ms:.1f} | "
-                f"{lv.itl_p95_ms:.1f} | {lv.output_tokens_per_s:.1f} | "
-                f"{_fmt(lv.slo_attainment, '.0%')} | {_fmt(lv.goodput_rps, '.2f')} | {mark} |"
+            rows.append(
+                [
+                    r.name,
+                    lv.concurrency,
+                    lv.requests,
+                    lv.errors,
+                    f"{lv.ttft_p50_ms:.0f}",
+                    f"{lv.ttft_p95_ms:.0f}",
+                    f"{lv.itl_p50_ms:.1f}",
+                    f"{lv.itl_p95_ms:.1f}",
+                    f"{lv.output_tokens_per_s:.1f}",
+                    _fmt(lv.slo_attainment, ".0%"),
+                    _fmt(lv.goodput_rps, ".2f"),
+                    mark,
+                ]
             )
-    return lines
+    return [*lines, *_table(headers, rows)]
 
 
 def with_plots(markdown: str, plots: dict[str, Path], run_dir: Path) -> str:
@@ -193,17 +350,17 @@ def host_section(host: HostSupport) -> list[str]:
         "",
     ]
     if host.schemes:
-        lines += [
-            "| candidate | scheme | on this host | probe | reason |",
-            "|---|---|---|---|---|",
+        rows = [
+            [
+                s.candidate,
+                s.scheme,
+                "SKIPPED" if s.status == "unsupported" else s.status,
+                "cached" if s.cached else f"{s.seconds:.0f} s",
+                s.reason,
+            ]
+            for s in host.schemes
         ]
-        for s in host.schemes:
-            probe = "cached" if s.cached else f"{s.seconds:.0f} s"
-            status = "SKIPPED" if s.status == "unsupported" else s.status
-            lines.append(
-                f"| {s.candidate} | {s.scheme} | {status} | {probe} | {s.reason.replace('|', '/')} |"
-            )
-        lines.append("")
+        lines += [*_table(["candidate", "scheme", "on this host", "probe", "reason"], rows), ""]
     return lines
 
 
@@ -214,30 +371,30 @@ def _interval(gate: GateVerdict) -> str:
 
 
 def gate_rows(verdict: CandidateVerdict) -> list[str]:
-    lines = [
-        "| gate | outcome | compared with | value | interval | threshold | items | "
-        "detectable drop | detail |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    """The gates of ``verdict`` as a markdown table (its lines)."""
+    headers = ["gate", "outcome", "compared with", "value", "interval", "threshold", "items"]
+    headers += ["detectable drop", "detail"]
+    rows = []
     for gate in verdict.gates:
         outcome = gate.outcome.upper() if gate.outcome != "pass" else "pass"
         if gate.outcome == "inconclusive" and gate.policy:
             outcome += f" → {gate.policy}"
         if not gate.blocking:
             outcome += " (reported only)"
-        cells = [
-            gate.gate,
-            outcome,
-            gate.reference or "—",
-            _fmt(gate.value, ".4g"),
-            _interval(gate),
-            _fmt(gate.threshold, ".4g"),
-            _fmt(gate.items, "d"),
-            _fmt(gate.detectable_drop, ".3f"),
-            gate.detail + (f" ⚠ {gate.warning}" if gate.warning else ""),
-        ]
-        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    return lines
+        rows.append(
+            [
+                gate.gate,
+                outcome,
+                gate.reference or "—",
+                _fmt(gate.value, ".4g"),
+                _interval(gate),
+                _fmt(gate.threshold, ".4g"),
+                _fmt(gate.items, "d"),
+                _fmt(gate.detectable_drop, ".3f"),
+                gate.detail + (f" ⚠ {gate.warning}" if gate.warning else ""),
+            ]
+        )
+    return _table(headers, rows)
 
 
 def gates_section(decision: Decision, results: list[CandidateResult]) -> list[str]:
@@ -312,70 +469,6 @@ def items_table(results: list[CandidateResult]):
     return wide[order].join(answers).reset_index()
 
 
-def render_markdown(
-    *,
-    title: str,
-    source: dict,
-    host: HostSupport | None = None,
-    plan: CapacityPlan | None = None,
-    results: list[CandidateResult],
-    decision: Decision,
-    stage_seconds: dict[str, float],
-    deployment: dict | None,
-    canary: RolloutOutcome | None = None,
-) -> str:
-    lines = [f"# {title}", ""]
-    lines += [
-        f"- **Model:** `{source['repo_id']}` revision `{source['revision']}` "
-        f"→ commit `{source['commit']}`",
-        f"- **Decision:** {decision.summary}",
-    ]
-    floors = floor_refusals(decision.verdicts)
-    if floors:
-        lines.append("- **Refused by floors (min_score):** " + "; ".join(floors))
-    lines.append("")
-    if host is not None:
-        lines += host_section(host)
-    lines += sizing_section(plan, results)
-    rows = candidate_rows(results, decision)
-    if rows:
-        headers = list(dict.fromkeys(k for row in rows for k in row))
-        lines += [
-            "## Candidates",
-            "",
-            "| " + " | ".join(headers) + " |",
-            "|" + "---|" * len(headers),
-        ]
-        for row in rows:
-            lines.append("| " + " | ".join(str(row.get(h, "—")) for h in headers) + " |")
-        lines.append("")
-    lines += tuning_section(results)
-    lines += quality_section(results)
-    lines += gates_section(decision, results)
-    lines += load_section(results, decision)
-    load_notes = [f"- {r.name}, {note}" for r in results if r.load for note in r.load.notes]
-    if load_notes:
-        lines += ["", "Levels that measured fewer requests than planned:", "", *load_notes]
-    lines += ["", "## Rule", "", decision.rule, ""]
-    failed = [r for r in results if r.status == "failed"]
-    if failed:
-        lines += ["## Failures", ""]
-        for r in failed:
-            lines += [f"### {r.name}", "", "```", (r.error or "")[-3000:], "```", ""]
-    lines += ["## Stage timings", "", "| stage | seconds | share |", "|---|---|---|"]
-    total = sum(stage_seconds.values()) or 1.0
-    for stage, seconds in stage_seconds.items():
-        lines.append(f"| {stage} | {seconds:.1f} | {seconds / total:.0%} |")
-    lines.append("")
-    if deployment:
-        lines += ["## Deployment", ""]
-        lines += [f"- **{k}:** {v}" for k, v in deployment.items()]
-        lines.append("")
-    if canary is not None:
-        lines += canary_section(canary)
-    return "\n".join(lines)
-
-
 def canary_section(canary: RolloutOutcome) -> list[str]:
     """The canary's walk: each window's checks, canary versus stable, and the decision."""
     lines = [
@@ -398,23 +491,6 @@ def canary_section(canary: RolloutOutcome) -> list[str]:
     return lines
 
 
-def write_run_files(
-    run_dir: Path, markdown: str, payload: dict, results: list[CandidateResult] | None = None
-) -> dict[str, str]:
-    report_md = run_dir / "report.md"
-    report_json = run_dir / "report.json"
-    atomic_write_text(report_md, markdown)
-    atomic_write_text(report_json, json.dumps(payload, indent=2, default=str) + "\n")
-    files = {"markdown": str(report_md), "json": str(report_json)}
-    if results:
-        # Per-item scores and answers of every contender side by side, for data scientists.
-        table = items_table(results)
-        if not table.empty:
-            atomic_write_text(run_dir / "items.csv", table.to_csv(index=False))
-            files["items"] = str(run_dir / "items.csv")
-    return files
-
-
 def _slice_score(ev: EvalResult, metric: str, tag: str | None, confidence: float) -> str:
     values = [i.scores.get(metric, 0.0) for i in ev.items if tag is None or tag in i.tags]
     if not values:
@@ -432,8 +508,7 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
     others = [r for r in results if r.name != BASELINE and r.evals]
     lines = ["## Quality (per eval set and slice)", ""]
     for base_ev in baseline.evals:
-        confidence = float(base_ev.gates.get("confidence", 0.95)) if base_ev.gates else 0.95
-        critical = base_ev.gates.get("critical", True) if base_ev.gates else True
+        confidence, critical = base_ev.gates.confidence, base_ev.gates.critical
         lines += [
             f"### {base_ev.eval_set} (version {base_ev.version}, "
             f"{'critical' if critical else 'non-critical'}, decoding v"
@@ -441,7 +516,7 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
             "",
         ]
         header = ["slice", "metric", "baseline"] + [r.name for r in others]
-        lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        rows = []
         tags = sorted({t for item in base_ev.items for t in item.tags})
         for tag in [None, *tags]:
             for metric in base_ev.metrics:
@@ -463,8 +538,8 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
                         f"{p.cand_score:.3f}, drop {p.drop:+.3f} "
                         f"[{p.ci_low:+.2f}, {p.ci_high:+.2f}]"
                     )
-                lines.append("| " + " | ".join(row) + " |")
-        lines.append("")
+                rows.append(row)
+        lines += [*_table(header, rows), ""]
         metric = next(iter(base_ev.metrics))
         base_items = {i.id: i for i in base_ev.items}
         for other in others:
@@ -483,20 +558,19 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
                 f"**{other.name} vs baseline on `{metric}`: {len(disagree)} items "
                 f"disagree** (first {min(len(disagree), DISAGREEMENTS_SHOWN)}):",
                 "",
-                "| item | prompt | reference | baseline answer | candidate answer |",
-                "|---|---|---|---|---|",
             ]
-            for item in disagree[:DISAGREEMENTS_SHOWN]:
-                base_item = base_items[item.id]
-                cells = [
+            rows = [
+                [
                     item.id,
                     item.prompt[-160:],
                     item.reference,
-                    f"{base_item.answer} ({base_item.scores.get(metric):g})",
+                    f"{base_items[item.id].answer} ({base_items[item.id].scores.get(metric):g})",
                     f"{item.answer} ({item.scores.get(metric):g})",
                 ]
-                lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-            lines.append("")
+                for item in disagree[:DISAGREEMENTS_SHOWN]
+            ]
+            headers = ["item", "prompt", "reference", "baseline answer", "candidate answer"]
+            lines += [*_table(headers, rows), ""]
     return lines
 
 

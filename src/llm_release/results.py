@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .evalsets import GateSpec, InconclusivePolicy
 from .vllm_report import KvCheck
 
 
@@ -38,7 +39,7 @@ class EvalResult(Record):
     num_items: int
     metrics: dict[str, MetricScore]
     decoding: dict[str, object] = Field(default_factory=dict)
-    gates: dict = Field(default_factory=dict, description="the set's gate spec, as applied")
+    gates: GateSpec = Field(default_factory=GateSpec, description="the set's gates, as applied")
     items: list[ItemResult] = Field(default_factory=list)
     samples_path: str | None = None
 
@@ -220,7 +221,7 @@ class GateVerdict(Record):
     detectable_drop: float | None = Field(
         None, description="smallest drop these items can tell from none (stats.detectable_drop)"
     )
-    policy: Literal["block", "pass", "review"] | None = None
+    policy: InconclusivePolicy | None = None
     warning: str | None = None
     flipped_worse: list[str] = Field(default_factory=list)
     flipped_better: list[str] = Field(default_factory=list)

@@ -26,10 +26,13 @@ do not block; a slice gate always blocks.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .config import BASELINE, CHAMPION, Gates
+from .contenders import Contender
 from .evalsets import GateSpec
 from .loadtest import goodput, slo_for
+from .promote import DeployTarget
 from .results import CandidateResult, CandidateVerdict, Decision, EvalResult, GateVerdict
 from .stats import detectable_drop, paired_drop_ci
 
@@ -160,17 +163,13 @@ def judge(
     )
 
 
-def _spec(ev: EvalResult) -> GateSpec:
-    return GateSpec.model_validate(ev.gates) if ev.gates else GateSpec()
-
-
 def _score_gates(result: CandidateResult) -> list[GateVerdict]:
     """Absolute gates: the minimum score of every set, for every challenger."""
     if not result.evals:
         return [_gate("quality", "fail", value=None, threshold=None, detail="no eval scores")]
     out = []
     for ev in result.evals:
-        spec = _spec(ev)
+        spec = ev.gates
         for metric, gate in spec.metrics.items():
             if gate.min_score is None:
                 continue
@@ -209,7 +208,7 @@ def _drop_gates(
     by_set = {e.eval_set: e for e in reference.evals}
     out = []
     for ev in result.evals:
-        spec = _spec(ev)
+        spec = ev.gates
         base = by_set.get(ev.eval_set)
         for metric, gate in spec.metrics.items():
             if gate.max_drop is None:
@@ -437,6 +436,31 @@ def _rank_text(verdict: CandidateVerdict) -> str:
     if _goodput(verdict):
         return f"goodput {_goodput(verdict)} streams within the SLO, {tok_s:.1f} output tok/s there"
     return f"no load level within the SLO; {tok_s:.1f} output tok/s at the top level"
+
+
+def deploy_targets(
+    decision: Decision, contenders: list[Contender], repo_id: str, commit: str, run_dir: Path
+) -> tuple[DeployTarget | None, DeployTarget | None]:
+    """What the decision sends out, as (stable, canary): the contender each names, with the
+    commit it was built from. The champion already serves, so it is no target; neither is a
+    name that no contender carries, nor none."""
+    by_name = {c.name: c for c in contenders}
+
+    def target(name: str | None) -> DeployTarget | None:
+        c = by_name.get(name) if name is not None else None
+        if c is None or c.role == "champion":
+            return None
+        return DeployTarget(
+            candidate=c.name,
+            scheme=c.scheme,
+            model_dir=c.model_dir,
+            repo_id=repo_id,
+            commit=commit,
+            serving=c.serving,
+            run_dir=run_dir,
+        )
+
+    return target(decision.stable), target(decision.winner)
 
 
 def apply_review(decision: Decision, approved: bool, note: str) -> Decision:

@@ -217,7 +217,7 @@ def test_a_first_release_that_fails_an_absolute_gate_deploys_nothing(
     with HubServer(hub_root) as hub:
         outcome = release(config(hub, free_port(), ["nonempty"]))
     assert outcome.stable is None and outcome.winner is None
-    assert outcome.verdict == "rejected" and outcome.deployment == {}
+    assert outcome.verdict == "rejected" and outcome.deployment is None
     # With no champion the floor is what refused it, and the decision says which.
     assert "refused by floors: baseline: nonempty/regex_match 0.000 below floor 0.500" in (
         outcome.summary

@@ -389,8 +389,8 @@ def test_model_update_of_a_released_commit_ends_in_seconds(
         )
         # What `make demo` does (flows.model_update --deployment): the run's typed outcome,
         # read back from the result the worker's run persisted.
+        from flows.cli import through_deployment
         from flows.model_update import UpdateOutcome
-        from flows.release import through_deployment
         from llm_release.config import ReleaseConfig
 
         outcome = through_deployment(

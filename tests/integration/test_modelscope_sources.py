@@ -63,7 +63,7 @@ def test_plan_of_a_missing_modelscope_model_is_one_line(hub, capsys):
 
 
 def test_the_release_command_line_takes_hub_modelscope(monkeypatch, tmp_path):
-    from flows.release import cli_config
+    from flows.cli import cli_config
 
     monkeypatch.setattr("sys.argv", ["release", "--repo-id", TINY_REPO, "--hub", "modelscope"])
     assert cli_config("t").config.source.hub == "modelscope"

@@ -9,6 +9,7 @@ import pytest
 from llm_release import paths
 from llm_release.cli import main as cli
 from llm_release.config import ServingConfig
+from llm_release.evalsets import MetricGate
 from llm_release.evaluate import run_evaluation
 from llm_release.serve import VllmServer
 
@@ -54,7 +55,7 @@ def test_new_eval_set_runs_against_a_real_endpoint(tmp_path, monkeypatch, tiny_m
     assert set(result.metrics) == {"numeric_match", "cites_source"}
     assert {i.id for i in result.items} == {f"pl-{k}" for k in range(6)}
     assert all(i.prompt.startswith("Passage [PL-") for i in result.items), result.items[0].prompt
-    assert result.gates["metrics"]["numeric_match"] == {"min_score": 0.0, "max_drop": 0.05}
-    assert result.gates["critical"] is False
+    assert result.gates.metrics["numeric_match"] == MetricGate(min_score=0.0, max_drop=0.05)
+    assert result.gates.critical is False
     samples = (tmp_path / "eval" / "press_limits.samples.jsonl").read_text().splitlines()
     assert len(samples) == 6

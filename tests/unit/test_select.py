@@ -51,7 +51,7 @@ def result(name, scores=(1,) * 40, levels=None, status="measured", size=100, spe
                 num_items=len(items),
                 items=items,
                 metrics={"m": MetricScore(value=mean)},
-                gates=spec.model_dump(),
+                gates=spec,
             )
         ]
         if status == "measured"
@@ -307,3 +307,48 @@ def test_with_no_level_within_the_slo_tokens_at_the_top_level_rank():
     assert verdict(decision, "a").goodput.concurrency == 0
     assert decision.winner == "b"
     assert "no load level within the SLO; 70.0 output tok/s at the top level" in decision.summary
+
+
+def test_deploy_targets_are_the_contenders_the_decision_names():
+    from pathlib import Path
+
+    from llm_release.config import ServingConfig
+    from llm_release.contenders import Contender
+    from llm_release.results import Decision
+    from llm_release.select import deploy_targets
+
+    serving = ServingConfig(max_model_len=1024)
+    contenders = [
+        Contender(name="champion", role="champion", scheme="bf16", serving=serving),
+        Contender(name="baseline", role="baseline", scheme="bf16", serving=serving),
+        Contender(
+            name="w4a16",
+            role="quantized",
+            scheme="W4A16",
+            serving=serving.model_copy(update={"max_num_seqs": 3}),
+            model_dir=Path("/m/w4a16"),
+        ),
+    ]
+
+    def targets(stable, winner):
+        decision = Decision(winner=winner, stable=stable, rule="r", verdicts=[], summary="s")
+        return deploy_targets(decision, contenders, "org/model", "c" * 40, Path("/runs/r1"))
+
+    # A first release: both go out, each with the commit it was built from.
+    stable, canary = targets("baseline", "w4a16")
+    assert (stable.candidate, stable.scheme, stable.model_dir) == ("baseline", "bf16", None)
+    assert (canary.candidate, canary.scheme, canary.model_dir) == (
+        "w4a16",
+        "W4A16",
+        Path("/m/w4a16"),
+    )
+    assert canary.serving.max_num_seqs == 3 and stable.serving == serving
+    assert {(t.repo_id, t.commit, t.run_dir) for t in (stable, canary)} == {
+        ("org/model", "c" * 40, Path("/runs/r1"))
+    }
+    # The champion already serves: only the winner goes out.
+    stable, canary = targets("champion", "w4a16")
+    assert stable is None and canary.candidate == "w4a16"
+    # Nothing passed: nothing goes out; a name no contender carries goes nowhere.
+    assert targets("champion", None) == (None, None)
+    assert targets(None, "ghost") == (None, None)
