@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from llm_release import paths  # noqa: E402
 from llm_release.config import EvalConfig, ServingConfig  # noqa: E402
-from llm_release.evaluate import run_evaluation  # noqa: E402
-from llm_release.serve import VllmServer  # noqa: E402
+from llm_release.evaluation.evaluate import run_evaluation  # noqa: E402
+from llm_release.serving.serve import VllmServer  # noqa: E402
 
 REPEATS = 3
 
@@ -47,9 +47,10 @@ def default_model(scratch: Path) -> Path:
     demo = paths.home() / "build" / "smollm2-135m-instruct"
     if (demo / "config.json").exists():
         return demo
+    from llm_release.serving.tiny_models import build_tiny_model
     from transformers import AutoTokenizer
 
-    from llm_release.demo_model import _finish_tokenizer, build_tiny_model, smollm2_gguf_path
+    from demo.demo_model import _finish_tokenizer, smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -9,9 +9,10 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
 from flows.release import ReleaseOutcome, cli_config, hub_access, release, run_cli
-from llm_release import decisions, registry
+from llm_release import registry
+from llm_release.canary.promote import release_alive
 from llm_release.config import ReleaseConfig
-from llm_release.promote import release_alive
+from llm_release.decision import decisions
 from tasks.acquire import resolve_revision
 from tasks.states import completed_with_failures
 

@@ -16,22 +16,24 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ValidationError
 
 from blocks.hub import HubCredentials
+from demo.demo_model import DEMO_REPO_ID
 from flows.canary import install_alerts, walk_canary
 from flows.review import ask_reviewer
-from llm_release import credentials, decisions, paths, registry
-from llm_release.backends import sweep_containers
+from llm_release import paths, registry
+from llm_release.canary.promote import DeployTarget
+from llm_release.canary.rollout import RolloutOutcome
 from llm_release.config import ReleaseConfig, SourceConfig
-from llm_release.contenders import Contender, plan_contenders
-from llm_release.credentials import HubToken
-from llm_release.demo_model import DEMO_REPO_ID
+from llm_release.decision import decisions
+from llm_release.decision.contenders import Contender, plan_contenders
 from llm_release.errors import ConfigError, ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
-from llm_release.loadtest import slo_for
+from llm_release.hub import credentials
+from llm_release.hub.credentials import HubToken
+from llm_release.load.loadtest import slo_for
 from llm_release.preflight import check
-from llm_release.promote import DeployTarget
-from llm_release.report import render_markdown
+from llm_release.reporting.report import render_markdown
 from llm_release.results import CandidateResult
-from llm_release.rollout import RolloutOutcome
+from llm_release.serving.backends import sweep_containers
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner

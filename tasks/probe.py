@@ -7,7 +7,7 @@ from prefect.cache_policies import NO_CACHE
 
 from llm_release.config import CandidateConfig, ServingConfig
 from llm_release.hardware import detect
-from llm_release.probe import ServingPlan, plan_serving
+from llm_release.serving.probe import ServingPlan, plan_serving
 from tasks.slots import host_slot
 
 

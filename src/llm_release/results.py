@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .vllm_report import KvCheck
+from llm_release.sizing.vllm_report import KvCheck
 
 
 class Record(BaseModel):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from llm_release.results import CandidateResult, EvalResult, LoadLevel, LoadResult, MetricScore
-from llm_release.vllm_report import KvCheck
+from llm_release.sizing.vllm_report import KvCheck
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu" / "release_proof.py"
@@ -185,7 +185,7 @@ def test_served_seqs_reads_the_servers_argv(tmp_path):
 def test_the_random_shapes_are_what_their_names_say():
     import transformers
 
-    from llm_release.planner import estimate_params, parse_config
+    from llm_release.sizing import estimate_params, parse_config
 
     proof = _load()
     sizes = {}
