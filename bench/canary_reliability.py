@@ -51,14 +51,14 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def tiny_model(scratch: Path) -> Path:
     """The tests' tiny random-weight Llama with SmolLM2's tokenizer (tests/conftest.py)."""
-    from llm_release.serving.tiny_models import build_tiny_model
     from transformers import AutoTokenizer
 
-    from demo.demo_model import _finish_tokenizer, smollm2_gguf_path
+    from demo.demo_model import smollm2_gguf_path
+    from llm_release.serving.tiny_models import build_tiny_model, finish_tokenizer
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     tokenizer.save_pretrained(scratch / "tokenizer")
     return build_tiny_model(scratch / "models" / "tiny", scratch / "tokenizer")
 

@@ -47,14 +47,14 @@ def default_model(scratch: Path) -> Path:
     demo = paths.home() / "build" / "smollm2-135m-instruct"
     if (demo / "config.json").exists():
         return demo
-    from llm_release.serving.tiny_models import build_tiny_model
     from transformers import AutoTokenizer
 
-    from demo.demo_model import _finish_tokenizer, smollm2_gguf_path
+    from demo.demo_model import smollm2_gguf_path
+    from llm_release.serving.tiny_models import build_tiny_model, finish_tokenizer
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     tokenizer.save_pretrained(scratch / "tokenizer")
     return build_tiny_model(scratch / "tiny", scratch / "tokenizer")
 

@@ -29,10 +29,10 @@ def main() -> None:
     os.environ["LLM_RELEASE_HOME"] = str(args.out / "home")
 
     import torch
-    from llm_release.serving.tiny_models import build_tiny_model
 
     from llm_release.config import CandidateConfig
     from llm_release.quantization.quantize import check_artifact, dir_size, quantize
+    from llm_release.serving.tiny_models import build_tiny_model
 
     print(
         json.dumps(

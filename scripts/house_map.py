@@ -111,6 +111,22 @@ for _name in ("_tiny_tokenizer", "_save_tiny", "build_tiny_model", "build_tiny_m
     SPLITS[(f"{P}.demo_model", _name)] = f"{P}.serving.tiny_models"
 for _name in ("label", "client", "docker_available", "container_running", "LABEL", "PROJECT"):
     SPLITS[(f"{P}.backends.docker", _name)] = f"{P}.serving.backends.docker_client"
+# Names that changed with the split (private names made public where shared):
+# (old module, old name) -> (new module, new name).
+RENAMES: dict[tuple[str, str], tuple[str, str]] = {
+    (f"{P}.demo_model", "_finish_tokenizer"): (f"{P}.serving.tiny_models", "finish_tokenizer"),
+    (f"{P}.demo_model", "_write_readme"): (f"{P}.serving.tiny_models", "write_readme"),
+    (f"{P}.demo_model", "CHATML_TEMPLATE"): (f"{P}.serving.tiny_models", "CHATML_TEMPLATE"),
+    (f"{P}.backends.docker", "_errors"): (f"{P}.serving.backends.docker_client", "sdk_errors"),
+    (f"{P}.backends.docker", "_home_text"): (f"{P}.serving.backends.docker_client", "home_text"),
+    (f"{P}.backends.docker", "_find"): (f"{P}.serving.backends.docker_client", "find_container"),
+    (f"{P}.probe", "_key"): (f"{P}.serving.dtype", "cache_key"),
+    (f"{P}.probe", "_read_cache"): (f"{P}.serving.dtype", "read_cache"),
+}
+for (_old, _name), (_new, _) in RENAMES.items():
+    SPLITS[(_old, _name)] = _new
+for _name in ("FLOAT32_MARGIN", "_runtime_versions", "_run"):
+    SPLITS[(f"{P}.probe", _name)] = f"{P}.serving.dtype"
 # the planner's private names some callers use, from the module that defines them
 SPLITS[(f"{P}.planner", "_flag")] = f"{P}.sizing.planner"
 
@@ -279,6 +295,10 @@ def rewrite_from(match: re.Match, here_old: str | None) -> str:
             groups.setdefault(parent, []).append(leaf if leaf == local else f"{leaf} as {local}")
             continue
         home = new_home(mod, name)
+        if (mod, name) in RENAMES:
+            renamed = RENAMES[(mod, name)][1]
+            groups.setdefault(home, []).append(f"{renamed} as {alias or name}")
+            continue
         groups.setdefault(home, []).append(f"{name} as {alias}" if alias else name)
     lines = [_render(match.group("indent"), m, ns) for m, ns in groups.items()]
     tail = match.group("tail") or ""
@@ -302,12 +322,15 @@ def rewrite_dotted(match: re.Match) -> str:
         if module in SCOPED:
             if rest:
                 return ".".join([new_home(module, rest[0]), *rest])
-            return match.group(0)
+            return match.group(0)  # the room
         moved = new_module(module)
         if moved is None:
             continue
         if rest:
-            return ".".join([new_home(module, rest[0]), *rest])
+            head = rest[0]
+            if (module, head) in RENAMES:
+                head = RENAMES[(module, head)][1]
+            return ".".join([new_home(module, rest[0]), head, *rest[1:]])
         return moved
     return match.group(0)
 
@@ -383,6 +406,9 @@ def move_files(root: Path) -> list[str]:
 def old_name_of(path: Path) -> str | None:
     """The old dotted module of a package file (relative imports there were written against
     it): its own name when it did not move, None outside the packages."""
+    for old_file, new_file in FILES.items():
+        if str(path) == new_file and old_file.endswith(".py"):
+            path = Path(old_file)
     parts = list(path.with_suffix("").parts)
     if parts[:1] == ["src"]:
         parts = parts[1:]
@@ -390,8 +416,10 @@ def old_name_of(path: Path) -> str | None:
     for old, new in MOVES.items():
         if current == new:
             return old
-        if _package_of(old) and current.startswith(new + "."):
-            return old + current[len(new) :]
+    for old, subs in PACKAGES.items():
+        head, _, sub = current.rpartition(".")
+        if head == MOVES[old] and sub in subs | {"__init__"}:
+            return f"{old}.{sub}"
     return current if parts[:1] == [P] else None
 
 

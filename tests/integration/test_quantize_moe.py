@@ -13,11 +13,11 @@ through compressed-tensors' own decompressor (see decompress_experts)."""
 import json
 
 import pytest
-from llm_release.serving.tiny_models import build_tiny_moe_model
 from safetensors import safe_open
 
 from llm_release.config import CandidateConfig
 from llm_release.quantization.quantize import MODEL_FREE, quantize
+from llm_release.serving.tiny_models import build_tiny_moe_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

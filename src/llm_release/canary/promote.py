@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Literal
 
 import requests
-from llm_release.serving.factory import start_detached
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths, registry, safety
@@ -27,6 +26,7 @@ from llm_release.config import ServingConfig
 from llm_release.errors import ConfigError, ReleaseError, RouterError, StateError
 from llm_release.registry import RegistryState, Release
 from llm_release.serving import backends, processes
+from llm_release.serving.factory import start_detached
 from llm_release.serving.serve import Endpoint, Owner, free_port, stop_process_group
 
 DEFAULT_ROUTER_PORT = 8080

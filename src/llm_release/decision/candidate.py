@@ -8,8 +8,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from llm_release.serving.factory import make_server
-
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
 from llm_release.evaluation.evaluate import run_evaluation
 from llm_release.hardware import detect
@@ -18,6 +16,7 @@ from llm_release.quantization.quantize import dir_size
 from llm_release.results import CandidateResult, Slo
 from llm_release.serving import reasoning
 from llm_release.serving.capacity import kv_check
+from llm_release.serving.factory import make_server
 from llm_release.serving.serve import Owner, Server
 from llm_release.sizing import corrections
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from llm_release.serving.dtype import served_dtype
-
 from llm_release import sizing as planner
 from llm_release.config import ReleaseConfig, ServingConfig
 from llm_release.errors import ConfigError, ReleaseError
@@ -23,6 +21,7 @@ from llm_release.hardware import Hardware
 from llm_release.hub import hub_headers, local_source
 from llm_release.hub.credentials import HubToken
 from llm_release.quantization import recipes
+from llm_release.serving.dtype import served_dtype
 from llm_release.sizing import corrections
 from llm_release.sizing.vllm_report import KvCheck, check_plan, parse_vllm_kv_report
 

@@ -27,6 +27,7 @@ from llm_release.config import ServingConfig
 from llm_release.errors import ServeError
 from llm_release.fileio import atomic_write_text
 from llm_release.serving import processes
+from llm_release.serving.backends.docker_client import container_running
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,6 @@ def _locked() -> Iterator[Ledger]:
 def claim_alive(claim: Claim) -> bool:
     """The claim's holder still runs: its process (pid and start time), or its container."""
     if claim.container:
-        from llm_release.serving.backends.docker_client import container_running
-
         return container_running(claim.container)
     if claim.pid is None:
         return False

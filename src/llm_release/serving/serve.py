@@ -27,7 +27,9 @@ from llm_release import hardware, paths
 from llm_release.config import ServingConfig
 from llm_release.errors import ConfigError, ServeError
 from llm_release.hub.credentials import child_env
-from llm_release.serving import processes, reasoning
+from llm_release.serving import gpus, processes, reasoning
+from llm_release.serving.capacity import resolve_batch
+from llm_release.serving.dtype import served_dtype
 from llm_release.serving.serving_flags import check_serving_args
 
 LOG_TAIL_LINES = 40
@@ -204,8 +206,6 @@ def vllm_args(
 
 def resolve_dtype(serving: ServingConfig, model_dir: Path) -> ServingConfig:
     """``fastest`` made concrete for this host (measured once per host and runtime)."""
-    from llm_release.serving.dtype import served_dtype
-
     config = json.loads((Path(model_dir) / "config.json").read_text())
     return serving.model_copy(
         update={"dtype": served_dtype(serving.dtype, hardware.detect(), config)}
@@ -338,14 +338,10 @@ class Server(ABC):
         if self.serving.dtype == "fastest":
             self.serving = resolve_dtype(self.serving, self.model_dir)
         if self.serving.max_num_seqs is None:
-            from llm_release.serving.capacity import resolve_batch
-
             self.serving = resolve_batch(self.model_dir, self.serving, hardware.detect())
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
 
     def _claim_gpus(self) -> None:
-        from llm_release.serving import gpus
-
         if has_cuda():
             self.gpus = gpus.claim(
                 self.gpu_holder, self.serving, gpus.host_gpus(), backend=self.serving.backend
@@ -353,8 +349,6 @@ class Server(ABC):
 
     def _give_back_gpus(self) -> None:
         if self.gpus:
-            from llm_release.serving import gpus
-
             gpus.give_back(self.gpu_holder)
             self.gpus = []
 
@@ -563,41 +557,3 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-
-
-def make_server(
-    model_dir: Path,
-    served_names: list[str],
-    serving: ServingConfig,
-    log_path: Path,
-    *,
-    port: int | None = None,
-    owner: Owner | None = None,
-) -> Server:
-    """A server of the backend ``serving.backend`` names (not started)."""
-    if serving.backend == "docker":
-        from llm_release.serving.backends.docker import DockerServer
-
-        cls: type[Server] = DockerServer
-    else:
-        cls = VllmServer
-    return cls(model_dir, served_names, serving, log_path, port=port, owner=owner)
-
-
-def start_detached(
-    model_dir: Path,
-    served_names: list[str],
-    serving: ServingConfig,
-    log_path: Path,
-    *,
-    port: int | None = None,
-    owner: Owner | None = None,
-) -> Endpoint:
-    """Start a server that outlives this process (stable/canary behind the router)."""
-    server = make_server(model_dir, served_names, serving, log_path, port=port, owner=owner)
-    server.start()
-    try:
-        return server.wait_healthy()
-    except BaseException:
-        server.stop()
-        raise

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-from llm_release.serving.backends.docker_client import label
 from pydantic import ValidationError
 
 from llm_release import registry
@@ -34,6 +33,7 @@ from llm_release.serving.backends.docker import (
     is_leftover,
     resolve_image,
 )
+from llm_release.serving.backends.docker_client import label
 from llm_release.serving.serve import Owner, build_command
 from llm_release.sizing import request_for_serving
 

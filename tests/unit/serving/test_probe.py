@@ -1,6 +1,5 @@
-from llm_release.serving.dtype import RuntimeInfo, choose_dtype
-
 from llm_release.hardware import CpuInfo, Hardware
+from llm_release.serving.dtype import RuntimeInfo, choose_dtype
 from llm_release.serving.probe import SchemeSupport, ServingPlan
 
 CPU = Hardware(cpu=CpuInfo(model_name="cpu", cores=2, flags=["avx2"]), machine="x86_64")

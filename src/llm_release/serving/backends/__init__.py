@@ -38,9 +38,8 @@ def sweep_containers(home: Path, *, everything: bool) -> list[str]:
     when Docker is not installed or not running (then there are none to remove)."""
     import logging
 
-    from llm_release.serving.backends.docker_client import docker_available
-
     from llm_release.serving.backends.docker import sweep
+    from llm_release.serving.backends.docker_client import docker_available
 
     if not docker_available():
         return []

@@ -18,7 +18,6 @@ The SDK (``docker``) is imported here only, and only when a container is used.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import re
@@ -33,6 +32,15 @@ from llm_release.config import ServingConfig
 from llm_release.errors import ConfigError, ServeError
 from llm_release.registry import Release
 from llm_release.serving import gpus, processes
+from llm_release.serving.backends import image
+from llm_release.serving.backends.docker_client import (
+    PROJECT,
+    client,
+    find_container,
+    home_text,
+    label,
+    sdk_errors,
+)
 from llm_release.serving.serve import (
     VLLM_MODULE,
     Endpoint,
@@ -45,8 +53,6 @@ from llm_release.serving.serve import (
 
 log = logging.getLogger(__name__)
 
-PROJECT = "llm-release"
-LABEL = "org.llm-release."
 CONTAINER_PORT = 8000
 # The project's own bridge network, with inter-container traffic off: a vLLM container is
 # reached only through its port published on the host's 127.0.0.1, never from another
@@ -139,57 +145,11 @@ CACHE_IN_CONTAINER = "/root/.cache/vllm"
 OWNED_ROLES = {"candidate", "probe", "build"}
 
 
-def label(name: str) -> str:
-    return LABEL + name
-
-
-def _home_text(home: Path | None = None) -> str:
-    return str(Path(home or paths.home()).resolve())
-
-
-@functools.cache
-def _client_for(pid: int, timeout: int) -> Any:
-    import docker  # the SDK; only this backend needs it
-
-    # A fork (Prefect's process worker) must not share the parent's HTTP connection pool.
-    del pid
-    return docker.from_env(version="auto", timeout=timeout)
-
-
-def client(timeout: int = 120) -> Any:
-    """A Docker SDK client for ``DOCKER_HOST`` (default: the local daemon's socket)."""
-    try:
-        return _client_for(os.getpid(), timeout)
-    except ImportError as exc:
-        raise ServeError(
-            "the Docker SDK for Python is not installed", hint="run 'make setup'"
-        ) from exc
-    except Exception as exc:  # docker.errors.DockerException: no daemon, no permission
-        raise ServeError(
-            f"cannot reach the Docker daemon ({' '.join(str(exc).split())[:200]})",
-            hint="'make setup' installs docker.io and starts dockerd; or set DOCKER_HOST",
-        ) from exc
-
-
-def docker_available() -> bool:
-    try:
-        client().ping()
-    except Exception:  # noqa: BLE001 - no SDK, no daemon: nothing of ours can be running
-        return False
-    return True
-
-
-def _errors() -> Any:
-    import docker.errors
-
-    return docker.errors
-
-
 def container_name(owner: Owner, port: int, home: Path | None = None) -> str:
     """Unique per daemon: the home (hashed), the role, run or release, and the port."""
     import hashlib
 
-    digest = hashlib.sha256(_home_text(home).encode()).hexdigest()[:8]
+    digest = hashlib.sha256(home_text(home).encode()).hexdigest()[:8]
     name = f"llmr-{digest}-{owner.key()}-{port}"
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", name)[:200]
 
@@ -199,7 +159,7 @@ def labels_for(owner: Owner, port: int, home: Path | None = None) -> dict[str, s
     started = processes.start_time(me)
     found = {
         label("project"): PROJECT,
-        label("home"): _home_text(home),
+        label("home"): home_text(home),
         label("role"): owner.role,
         label("run-id"): owner.run_id or "",
         label("release-id"): owner.release_id or "",
@@ -291,8 +251,6 @@ def container_spec(
 def resolve_image(serving: ServingConfig | None = None) -> str:
     """The operator's image (``LLM_RELEASE_DOCKER_IMAGE``), with ``auto`` made concrete for
     this host. ``serving`` is not read: a run does not pick what runs on the host."""
-    from llm_release.serving.backends import image
-
     del serving
     chosen = host_settings().image
     if chosen != "auto":
@@ -302,7 +260,7 @@ def resolve_image(serving: ServingConfig | None = None) -> str:
 
 def ensure_network(docker: Any) -> None:
     """The project's isolated bridge network, created once per daemon."""
-    errors = _errors()
+    errors = sdk_errors()
     if docker.networks.list(names=[NETWORK]):
         return
     try:
@@ -341,7 +299,7 @@ class DockerServer(Server):
         self._prepare()
         docker = client()
         self.image = resolve_image(self.serving)
-        errors = _errors()
+        errors = sdk_errors()
         try:
             docker.images.get(self.image)
         except errors.ImageNotFound:
@@ -383,7 +341,7 @@ class DockerServer(Server):
         return self.endpoint()
 
     def _run(self, docker: Any, spec: dict[str, Any]) -> Any:
-        errors = _errors()
+        errors = sdk_errors()
         try:
             return docker.containers.run(**spec)
         except errors.APIError as exc:
@@ -406,7 +364,7 @@ class DockerServer(Server):
             return self._last_code
         try:
             self.container.reload()
-        except _errors().NotFound:
+        except sdk_errors().NotFound:
             self._last_code = -1  # removed under us
             return self._last_code
         if self.container.status in ("exited", "dead"):
@@ -438,7 +396,7 @@ class DockerServer(Server):
 
 def _remove(container: Any, grace_s: float) -> None:
     """SIGTERM, SIGKILL after ``grace_s``, then the container is gone."""
-    errors = _errors()
+    errors = sdk_errors()
     try:
         container.stop(timeout=int(grace_s))
     except errors.NotFound:
@@ -451,36 +409,19 @@ def _remove(container: Any, grace_s: float) -> None:
         pass
 
 
-def _find(container_id: str | None) -> Any:
-    if not container_id:
-        return None
-    try:
-        return client().containers.get(container_id)
-    except _errors().NotFound:
-        return None
-
-
-def container_running(container_id: str) -> bool:
-    try:
-        found = _find(container_id)
-    except ServeError:
-        return False
-    return found is not None and found.status == "running"
-
-
 def _is_recorded(container: Any, release: Release) -> bool:
     """The container is the release's own: same release id, same project home."""
     labels = container.labels or {}
     return (
         labels.get(label("project")) == PROJECT
-        and labels.get(label("home")) == _home_text()
+        and labels.get(label("home")) == home_text()
         and labels.get(label("release-id")) == release.release_id
     )
 
 
 def release_alive(release: Release) -> bool:
     try:
-        found = _find(release.container)
+        found = find_container(release.container)
     except ServeError as exc:  # no daemon: nothing of it can be serving
         log.warning("%s: %s", release.release_id, exc.one_line())
         return False
@@ -491,7 +432,7 @@ def stop_release(release: Release, grace_s: float = 20) -> bool:
     """Stop and remove the release's container, its log copied to the release's log file
     first; False when it was not running (a stopped one of ours is removed all the same)."""
     try:
-        found = _find(release.container)
+        found = find_container(release.container)
     except ServeError as exc:
         log.warning("cannot stop %s: %s", release.release_id, exc.one_line())
         return False
@@ -562,14 +503,14 @@ def sweep(home: Path, *, everything: bool) -> list[str]:
     docker = client()
     found = docker.containers.list(
         all=True,
-        filters={"label": [f"{label('project')}={PROJECT}", f"{label('home')}={_home_text(home)}"]},
+        filters={"label": [f"{label('project')}={PROJECT}", f"{label('home')}={home_text(home)}"]},
     )
     removed = []
     for container in found:
         labels = container.labels or {}
         # The daemon filtered by label; checked again here, so a filter the daemon
         # ignored could never widen what is removed.
-        if labels.get(label("project")) != PROJECT or labels.get(label("home")) != _home_text(home):
+        if labels.get(label("project")) != PROJECT or labels.get(label("home")) != home_text(home):
             continue
         if not is_leftover(
             labels, container.status, everything=everything, owner_alive=_owner_alive

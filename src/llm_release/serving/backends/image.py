@@ -32,9 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llm_release.serving.backends.errors import ServeError
-
-from llm_release.serving.backends import paths
+from llm_release import paths
+from llm_release.errors import ServeError
 
 log = logging.getLogger(__name__)
 
@@ -160,11 +159,11 @@ class BuildResult:
 
 
 def _exists(client, tag: str) -> bool:
-    from llm_release.serving.backends.backends.docker import _errors
+    from llm_release.serving.backends.docker_client import sdk_errors
 
     try:
         client.images.get(tag)
-    except _errors().ImageNotFound:
+    except sdk_errors().ImageNotFound:
         return False
     return True
 
@@ -184,7 +183,7 @@ def _labels(kind: str, digest_of: str) -> dict[str, str]:
 def build(progress: Callable[[str], None] = print, *, force: bool = False) -> BuildResult:
     """Build the vLLM CPU image for the serving virtualenv; nothing when it exists (``force``:
     install the wheelhouse again; the base image is built only when it is missing)."""
-    from llm_release.serving.backends.backends.docker import client
+    from llm_release.serving.backends.docker_client import client
 
     docker = client(timeout=600)
     requirements = serving_requirements()
@@ -298,7 +297,8 @@ def fill_wheelhouse(requirements: list[str], progress: Callable[[str], None] = p
 def _install(docker, result: BuildResult, wheelhouse: Path, requirements, progress) -> None:
     """Install the wheelhouse in a container of the base image, commit it as the image."""
     from docker.types import Mount
-    from llm_release.serving.backends.backends.docker import label
+
+    from llm_release.serving.backends.docker_client import label
 
     progress(f"installing the wheelhouse into {result.base} (no network) …")
     script = install_script(requirements)
