@@ -23,7 +23,7 @@ from llm_release.evaluation.evaluate import run_evaluation
 from llm_release.fileio import atomic_write_text
 from llm_release.results import EvalResult
 from llm_release.serving import reasoning
-from llm_release.serving.serve import VllmServer
+from llm_release.serving.factory import make_server
 from tasks.notify import emit_rollback
 from tasks.slots import ensure_host_limit, host_slot
 
@@ -172,7 +172,7 @@ def eval_only(
             folder = _model_folder(model_dir)
             target = str(folder)
             with host_slot(f"evaluate {folder.name}"):
-                server = VllmServer(
+                server = make_server(
                     folder, ["eval-only"], serving or ServingConfig(), run_dir / "vllm.log"
                 )
                 with server:

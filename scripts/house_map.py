@@ -289,6 +289,8 @@ def rewrite_from(match: re.Match, here_old: str | None) -> str:
     for name, alias in names:
         full = f"{mod}.{name}"
         moved = new_module(full)
+        if relative and full in SCOPED:
+            moved = MOVES[full]  # a relative import is old code: the old module
         if moved is not None and "." in moved:
             parent, leaf = moved.rsplit(".", 1)
             local = alias or name

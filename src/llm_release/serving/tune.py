@@ -38,16 +38,15 @@ from pathlib import Path
 
 from pydantic import Field
 
-from llm_release import sizing
-from llm_release import sizing as planner
 from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig
 from llm_release.fileio import atomic_write_text
 from llm_release.hardware import Hardware
 from llm_release.hub import hub_headers
 from llm_release.load.loadtest import goodput, level_verdict, run_load_test, slo_for
 from llm_release.results import LoadLevel, Pruned, Record, Setting, Slo, Trial, TuneResult
-from llm_release.serving import reasoning
-from llm_release.serving.serve import VllmServer
+from llm_release.serving import capacity, reasoning
+from llm_release.serving.factory import make_server
+from llm_release.sizing.planner import _flag
 
 log = logging.getLogger(__name__)
 
@@ -321,7 +320,7 @@ def planner_fits(model_dir: Path, serving: ServingConfig, host: Hardware) -> Fit
     files = hub_headers.read_local(Path(model_dir))
 
     def fits(setting: Setting) -> str | None:
-        plan = sizing.plan_for_dir(model_dir, apply_setting(serving, setting), host, files)
+        plan = capacity.plan_for_dir(model_dir, apply_setting(serving, setting), host, files)
         return None if plan.fits else f"the planner: {plan.verdict}"
 
     return fits
@@ -342,7 +341,7 @@ def vllm_session(
     @contextmanager
     def session(setting: Setting) -> Iterator[Callable[[int], LoadLevel]]:
         folder = out_dir / _slug(setting)
-        server = VllmServer(
+        server = make_server(
             model_dir, served_names, apply_setting(serving, setting), folder / "vllm.log"
         )
         with server:
@@ -400,7 +399,7 @@ def tune_candidate(
         gpu_memory_utilization=utils,
     )
     slo = slo_for(gates, tune.itl_p95_slo_ms)
-    batched = planner._flag(serving.extra_args, "--max-num-batched-tokens")
+    batched = _flag(serving.extra_args, "--max-num-batched-tokens")
     start = Setting(
         max_num_seqs=max(levels),  # admit every request of the top level at once
         max_num_batched_tokens=int(batched) if batched else None,
