@@ -347,6 +347,10 @@ def _path_map() -> dict[str, str]:
     for old, new in FILES.items():
         out[old] = new
     out[f"src/{P}/planner.py"] = f"src/{P}/sizing/"
+    for room, tests in TEST_ROOMS.items():
+        for test in tests:
+            target = TEST_RENAMES.get(test, test)
+            out[f"tests/unit/{test}.py"] = f"tests/unit/{room}/{target}.py"
     return out
 
 

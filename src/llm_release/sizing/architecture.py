@@ -117,7 +117,7 @@ class ModelArch(Record):
 # experts, vocab 248,320), Gemma 3 (vocab 262,144) and Llama 4 Scout
 # (max_position_embeddings 10,485,760, which is why positions go to 2**24, not 10M).
 # Within them the worst config plans in well under a second and a few MB
-# (tests/unit/test_planner_bounds.py).
+# (tests/unit/sizing/test_planner_bounds.py).
 MAX_LAYERS = 1024
 MAX_HEADS = 1024
 MAX_EXPERTS = 4096

@@ -14,7 +14,7 @@ from llm_release.results import LoadLevel
 # A real GuideLLM 0.8.1 report from CI: concurrency 1 was closed after 2 of 4 requests while
 # one was still queued (per-request records dropped to keep the file small).
 CLOSED_EARLY = json.loads(
-    (Path(__file__).parent / "data" / "guidellm_level_closed_early.json").read_text()
+    (Path(__file__).parents[1] / "data" / "guidellm_level_closed_early.json").read_text()
 )
 
 
@@ -126,7 +126,7 @@ def test_any_other_guidellm_failure_fails_with_its_log_tail(monkeypatch, tmp_pat
 # A real GuideLLM 0.8.1 report, run with the SLO (--metrics slo: ttft_ms 60, tpot_ms 50)
 # against GuideLLM's own mock server (TTFT 20 ms, ITL 5 ms, one request at a time) at 1 and 4
 # streams (per-request records and unused metrics dropped to keep the file small).
-WITH_SLO = json.loads((Path(__file__).parent / "data" / "guidellm_slo_report.json").read_text())
+WITH_SLO = json.loads((Path(__file__).parents[1] / "data" / "guidellm_slo_report.json").read_text())
 
 
 def test_guidellm_is_given_the_slo_and_its_attainment_is_read_back():

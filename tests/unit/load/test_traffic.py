@@ -20,7 +20,7 @@ from llm_release.load.traffic import (
     percentile,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(

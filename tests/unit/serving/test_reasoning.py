@@ -23,7 +23,7 @@ from llm_release.serving.serve import vllm_args
 from tests.recording_openai import RecordingOpenAI
 from tests.tiny_qwen3 import NO_THINK_SUFFIX, THINK_SUFFIX, build_tiny_qwen3
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 
 

@@ -28,7 +28,7 @@ from llm_release.sizing import (
     weights_from_tensors,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 PAPER = json.loads((DATA / "paper_configs.json").read_text())
 
 

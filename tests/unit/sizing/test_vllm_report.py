@@ -4,7 +4,7 @@ from pathlib import Path
 
 from llm_release.sizing.vllm_report import parse_vllm_kv_report, relative_error
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 
 
 def test_real_cpu_log_excerpt_gives_the_last_starts_numbers():
