@@ -364,9 +364,20 @@ def rewrite_paths(text: str) -> str:
     return text
 
 
+TEST_DOTTED_RE = re.compile(r"(?<![\w.])tests\.unit\.(\w+)")
+
+
+def rewrite_test_dotted(match: re.Match) -> str:
+    for room, tests in TEST_ROOMS.items():
+        if match.group(1) in tests:
+            return f"tests.unit.{room}.{TEST_RENAMES.get(match.group(1), match.group(1))}"
+    return match.group(0)
+
+
 def rewrite_text(text: str, here_old: str | None, is_python: bool) -> str:
     text = FROM_RE.sub(lambda m: rewrite_from(m, here_old), text)
     text = DOTTED_RE.sub(rewrite_dotted, text)
+    text = TEST_DOTTED_RE.sub(rewrite_test_dotted, text)
     return rewrite_paths(text)
 
 

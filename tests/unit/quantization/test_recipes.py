@@ -151,13 +151,12 @@ def test_a_group_size_that_divides_no_width_names_it_and_suggests_one():
 
 
 def test_the_release_plan_refuses_a_group_size_before_the_download():
-    from tests.unit.test_planner import llama
-
     from llm_release.config import ReleaseConfig
     from llm_release.hardware import CpuInfo, Hardware
     from llm_release.hub.hub_headers import ModelFiles
     from llm_release.quantization.recipes import check_candidates
     from llm_release.serving.capacity import plan_release
+    from tests.unit.sizing.test_planner import llama
 
     def release(group_size: int) -> ReleaseConfig:
         return ReleaseConfig.model_validate(

@@ -1,13 +1,13 @@
 """The release is sized before any download: a setting that cannot hold one sequence stops it."""
 
 import pytest
-from tests.unit.test_planner import llama
 
 from llm_release.config import ReleaseConfig
 from llm_release.errors import ConfigError
 from llm_release.hardware import CpuInfo, Hardware
 from llm_release.hub.hub_headers import ModelFiles
 from llm_release.serving.capacity import plan_release
+from tests.unit.sizing.test_planner import llama
 
 CPU = Hardware(cpu=CpuInfo(model_name="cpu", cores=2, flags=["avx2"]), machine="x86_64")
 
