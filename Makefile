@@ -128,14 +128,16 @@ status:
 # --no-loadscope-reorder: files in collection order, so the long end-to-end files start
 # first (xdist's default puts files with many tests first: the e2e ran last, on one worker).
 test: setup image
-	.venv/bin/ruff check .
+	@$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -v -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -v -m "not slow"
 
-lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check .
+# ruff, then the house rules (import-linter contracts in pyproject.toml: layers, no Prefect
+# in the core, rooms independent where they hold).
+lint: setup
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && PYTHONPATH=src:. .venv/bin/lint-imports
 
 bench: setup
 	.venv/bin/python bench/eval_concurrency.py

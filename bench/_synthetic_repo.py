@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from llm_release.hub_server import publish_repo
+from demo.hub_server import publish_repo
 
 BENCH_REPO = "bench/synthetic-1g"
 

@@ -2,7 +2,7 @@
 
 The project's HAProxy (through promote: deploy, set_canary_weight, promote, rollback) in
 front of real vLLM CPU servers of the tiny test model, and the demo traffic
-(llm_release.traffic: the openai client, which retries nothing itself) at concurrency 16,
+(llm_release.load.traffic: the openai client, which retries nothing itself) at concurrency 16,
 ``--requests`` requests a run with short answers. Three runs, one after the other:
 
   A  weights fixed (stable 95 / canary 5): the baseline
@@ -38,11 +38,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from llm_release import paths, promote  # noqa: E402
+from llm_release import paths  # noqa: E402
+from llm_release.canary import promote
+from llm_release.canary.router import Router  # noqa: E402
 from llm_release.config import ServingConfig  # noqa: E402
 from llm_release.hardware import detect  # noqa: E402
-from llm_release.router import Router  # noqa: E402
-from llm_release.traffic import Traffic, percentile  # noqa: E402
+from llm_release.load.traffic import Traffic, percentile  # noqa: E402
 
 PUBLIC_NAME = "tiny"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,11 +53,12 @@ def tiny_model(scratch: Path) -> Path:
     """The tests' tiny random-weight Llama with SmolLM2's tokenizer (tests/conftest.py)."""
     from transformers import AutoTokenizer
 
-    from llm_release.demo_model import _finish_tokenizer, build_tiny_model, smollm2_gguf_path
+    from demo.demo_model import smollm2_gguf_path
+    from llm_release.serving.tiny_models import build_tiny_model, finish_tokenizer
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     tokenizer.save_pretrained(scratch / "tokenizer")
     return build_tiny_model(scratch / "models" / "tiny", scratch / "tokenizer")
 
@@ -237,7 +239,7 @@ def main() -> None:
         for run_ in ("B", "C")
     }
     failed = sum(r["failed"] for r in results.values())
-    from llm_release.probe import _runtime_versions
+    from llm_release.serving.probe import _runtime_versions
 
     vllm_version, torch_version = _runtime_versions(paths.vllm_python())
     haproxy = subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout
@@ -248,7 +250,7 @@ def main() -> None:
         "vllm": vllm_version,
         "torch": torch_version,
         "haproxy": haproxy.splitlines()[0] if haproxy else "unknown",
-        "model": "tiny random-weight Llama (llm_release.demo_model.build_tiny_model)",
+        "model": "tiny random-weight Llama (llm_release.serving.tiny_models.build_tiny_model)",
         "serving": serving.model_dump(),
         "requests_per_run": args.requests,
         "concurrency": args.concurrency,

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _synthetic_repo  # noqa: E402
 
-from llm_release import download  # noqa: E402
-from llm_release.acquire import TransferSettings, acquire  # noqa: E402
 from llm_release.config import SourceConfig  # noqa: E402
-from llm_release.serve import free_port  # noqa: E402
+from llm_release.hub import download  # noqa: E402
+from llm_release.hub.acquire import TransferSettings, acquire  # noqa: E402
+from llm_release.serving.serve import free_port  # noqa: E402
 
 
 class _NoHash:

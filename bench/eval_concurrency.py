@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from llm_release import paths  # noqa: E402
 from llm_release.config import EvalConfig, ServingConfig  # noqa: E402
-from llm_release.evaluate import run_evaluation  # noqa: E402
-from llm_release.serve import VllmServer  # noqa: E402
+from llm_release.evaluation.evaluate import run_evaluation  # noqa: E402
+from llm_release.serving.serve import VllmServer  # noqa: E402
 
 REPEATS = 3
 
@@ -49,11 +49,12 @@ def default_model(scratch: Path) -> Path:
         return demo
     from transformers import AutoTokenizer
 
-    from llm_release.demo_model import _finish_tokenizer, build_tiny_model, smollm2_gguf_path
+    from demo.demo_model import smollm2_gguf_path
+    from llm_release.serving.tiny_models import build_tiny_model, finish_tokenizer
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     tokenizer.save_pretrained(scratch / "tokenizer")
     return build_tiny_model(scratch / "tiny", scratch / "tokenizer")
 

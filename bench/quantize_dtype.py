@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from llm_release import paths  # noqa: E402
 from llm_release.config import CandidateConfig  # noqa: E402
 from llm_release.hardware import CpuInfo, Hardware, compute_dtype, detect  # noqa: E402
-from llm_release.quantize import quantize  # noqa: E402
+from llm_release.quantization.quantize import quantize  # noqa: E402
 
 
 def demo_model() -> Path:
-    from llm_release.demo_model import convert_smollm2
+    from demo.demo_model import convert_smollm2
 
     return convert_smollm2(paths.home() / "build" / "smollm2-135m-instruct")
 

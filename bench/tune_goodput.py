@@ -36,8 +36,8 @@ from llm_release import paths  # noqa: E402
 from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig  # noqa: E402
 from llm_release.fileio import atomic_write_text  # noqa: E402
 from llm_release.hardware import detect  # noqa: E402
-from llm_release.serve import VllmServer  # noqa: E402
-from llm_release.tune import tune_candidate  # noqa: E402
+from llm_release.serving.serve import VllmServer  # noqa: E402
+from llm_release.serving.tune import tune_candidate  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _synthetic_repo  # noqa: E402
 
-from llm_release.acquire import acquire, verify_dir  # noqa: E402
+from demo.hub_server import HubServer  # noqa: E402
 from llm_release.config import SourceConfig  # noqa: E402
-from llm_release.hub_server import HubServer  # noqa: E402
+from llm_release.hub.acquire import acquire, verify_dir  # noqa: E402
 
 
 def cpu_seconds() -> float:

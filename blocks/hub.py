@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-from llm_release.credentials import check_endpoint
+from llm_release.hub.credentials import check_endpoint
 
 
 class HubCredentials(Block):

@@ -16,12 +16,14 @@ from prefect.input import RunInput
 from pydantic import Field
 
 from flows.review import POLL_S
-from llm_release import alerts, analysis, promote, reasoning, registry, rollout
-from llm_release.analysis import WindowVerdict
+from llm_release import registry
+from llm_release.canary import alerts, analysis, promote, rollout
+from llm_release.canary.analysis import WindowVerdict
+from llm_release.canary.rollout import Answer, Question, RolloutOutcome, WindowRecord
 from llm_release.config import RolloutConfig
 from llm_release.errors import ReleaseError, StateError, one_line
-from llm_release.rollout import Answer, Question, RolloutOutcome, WindowRecord
-from llm_release.traffic import Traffic
+from llm_release.load.traffic import Traffic
+from llm_release.serving import reasoning
 from tasks.notify import emit_rollback
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from prefect.exceptions import ParameterTypeError
 from pydantic import BaseModel, ValidationError
 
+from demo.demo_model import DEMO_REPO_ID
 from llm_release.config import ReleaseConfig
-from llm_release.demo_model import DEMO_REPO_ID
 from llm_release.errors import ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
 

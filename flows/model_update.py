@@ -10,9 +10,10 @@ from pydantic import BaseModel
 
 from flows.cli import cli_config, run_cli
 from flows.release import ReleaseOutcome, hub_access, release
-from llm_release import decisions, registry
+from llm_release import registry
+from llm_release.canary.promote import release_alive
 from llm_release.config import ReleaseConfig
-from llm_release.promote import release_alive
+from llm_release.decision import decisions
 from tasks.acquire import resolve_revision
 from tasks.states import completed_with_failures
 

@@ -16,13 +16,15 @@ from pydantic import BaseModel, Field
 from tabulate import tabulate
 
 from flows.canary import install_alerts
-from llm_release import paths, promote, reasoning, registry
+from llm_release import paths, registry
+from llm_release.canary import promote
 from llm_release.config import EvalConfig, RolloutConfig, ServingConfig
 from llm_release.errors import ConfigError, ReleaseError, StateError
-from llm_release.evaluate import run_evaluation
+from llm_release.evaluation.evaluate import run_evaluation
 from llm_release.fileio import atomic_write_text
 from llm_release.results import EvalResult
-from llm_release.serve import VllmServer
+from llm_release.serving import reasoning
+from llm_release.serving.factory import make_server
 from tasks.notify import emit_rollback
 from tasks.slots import ensure_host_limit, host_slot
 
@@ -172,7 +174,7 @@ def eval_only(
             folder = _model_folder(model_dir)
             target = str(folder)
             with host_slot(f"evaluate {folder.name}"):
-                server = VllmServer(
+                server = make_server(
                     folder, ["eval-only"], serving or ServingConfig(), run_dir / "vllm.log"
                 )
                 with server:

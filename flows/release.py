@@ -16,22 +16,23 @@ from blocks.hub import HubCredentials
 from flows.canary import install_alerts, walk_canary
 from flows.cli import cli_config, run_cli
 from flows.review import ask_reviewer
-from llm_release import credentials, decisions, paths, registry
-from llm_release.acquire import Acquired
-from llm_release.backends import sweep_containers
+from llm_release import paths, registry
+from llm_release.canary.rollout import RolloutOutcome
 from llm_release.config import ReleaseConfig, SourceConfig
-from llm_release.contenders import Contender, list_contenders
-from llm_release.credentials import HubToken
+from llm_release.decision import decisions
+from llm_release.decision.contenders import Contender, list_contenders
+from llm_release.decision.select import deploy_targets
 from llm_release.errors import ConfigError
-from llm_release.loadtest import slo_for
+from llm_release.hub import credentials
+from llm_release.hub.acquire import Acquired
+from llm_release.hub.credentials import HubToken
+from llm_release.load.loadtest import slo_for
 from llm_release.preflight import check
-from llm_release.probe import HostSupport
-from llm_release.promote import DeployTarget
 from llm_release.registry import RegistryState, Release
-from llm_release.report import Deployment, Origin, ReleaseReport
-from llm_release.results import CandidateResult, Decision
-from llm_release.rollout import RolloutOutcome
-from llm_release.select import deploy_targets
+from llm_release.reporting.report import Deployment, Origin, ReleaseReport
+from llm_release.results import CandidateResult, Decision, DeployTarget
+from llm_release.serving.backends import sweep_containers
+from llm_release.serving.probe import HostSupport
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner

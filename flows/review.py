@@ -11,9 +11,9 @@ from prefect.input import RunInput
 from pydantic import Field
 
 from llm_release.config import ReviewConfig
-from llm_release.report import review_evidence
+from llm_release.decision.select import apply_review
+from llm_release.reporting.report import review_evidence
 from llm_release.results import CandidateResult, Decision
-from llm_release.select import apply_review
 
 # How often the paused flow asks the API whether it was resumed.
 POLL_S = 2

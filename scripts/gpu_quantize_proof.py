@@ -2,7 +2,7 @@
 
 Builds a random-weight Llama of a given size with SmolLM2's tokenizer, quantizes it to
 FP8_DYNAMIC and W4A16 (AWQ, calibrated on calibration/manufacturing_maintenance.jsonl)
-through llm_release.quantize.quantize, checks each artifact's contract, re-runs to show
+through llm_release.quantization.quantize.quantize, checks each artifact's contract, re-runs to show
 the content-addressed cache hit, and prints one JSON line per step.
 
     python scripts/gpu_quantize_proof.py --tokenizer DIR --out DIR [--hidden 2048 --layers 16]
@@ -31,8 +31,8 @@ def main() -> None:
     import torch
 
     from llm_release.config import CandidateConfig
-    from llm_release.demo_model import build_tiny_model
-    from llm_release.quantize import check_artifact, dir_size, quantize
+    from llm_release.quantization.quantize import check_artifact, dir_size, quantize
+    from llm_release.serving.tiny_models import build_tiny_model
 
     print(
         json.dumps(

@@ -53,7 +53,7 @@ def moe(args) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen3MoeConfig
 
     from llm_release.config import CandidateConfig
-    from llm_release.quantize import model_bytes, quantize
+    from llm_release.quantization.quantize import model_bytes, quantize
 
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     config = Qwen3MoeConfig(
@@ -388,7 +388,7 @@ def _trace_offload(no_pin: bool = False) -> dict:
 
     CPUCache.onload, CPUCache.update_offload = traced_onload, traced_update
 
-    from llm_release import quantize
+    from llm_release.quantization import quantize
 
     pin = quantize.pin_host_copy
 
@@ -406,7 +406,7 @@ def run(args) -> None:
     import torch
 
     from llm_release.config import CandidateConfig
-    from llm_release.quantize import model_bytes, quantize
+    from llm_release.quantization.quantize import model_bytes, quantize
 
     model_dir = args.work / "big"
     size = model_bytes(model_dir)

@@ -10,13 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from llm_release.planner import (
-    GiB,
-    PlanRequest,
-    estimate_weights,
-    parse_config,
-    plan,
-)
+from llm_release.sizing import GiB, PlanRequest, estimate_weights, parse_config, plan
 
 CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "unit" / "data" / "paper_configs.json"
 SCHEMES = {"bf16": "BF16", "fp8": "FP8", "w4a16": "W4A16 (g128)"}

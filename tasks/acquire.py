@@ -6,9 +6,9 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
-from llm_release.acquire import Acquired, acquire, check_repo_contract, resolve
 from llm_release.config import SourceConfig
-from llm_release.credentials import HubToken
+from llm_release.hub.acquire import Acquired, acquire, check_repo_contract, resolve
+from llm_release.hub.credentials import HubToken
 
 
 @task(name="acquire", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)

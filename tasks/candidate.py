@@ -6,12 +6,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
-from llm_release import measurements
-from llm_release.candidate import measure
 from llm_release.config import EvalConfig, LoadProfile
-from llm_release.contenders import Contender
-from llm_release.probe import HostSupport
+from llm_release.decision import measurements
+from llm_release.decision.candidate import measure
+from llm_release.decision.contenders import Contender
 from llm_release.results import CandidateResult, Slo
+from llm_release.serving.probe import HostSupport
 from tasks.slots import host_slot
 from tasks.states import failed_with, first_line
 

@@ -4,8 +4,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from llm_release.config import Gates
+from llm_release.decision.select import decide
 from llm_release.results import CandidateResult, Decision
-from llm_release.select import decide
 
 
 @task(name="select", cache_policy=NO_CACHE)

@@ -4,10 +4,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from llm_release.config import ReleaseConfig
-from llm_release.credentials import HubToken
 from llm_release.hardware import detect
-from llm_release.planner import CapacityPlan
-from llm_release.sizing import plan_release, read_release_model
+from llm_release.hub.credentials import HubToken
+from llm_release.serving.capacity import plan_release, read_release_model
+from llm_release.sizing import CapacityPlan
 
 
 @task(name="plan", cache_policy=NO_CACHE)

@@ -7,7 +7,7 @@ from prefect.cache_policies import NO_CACHE
 
 from llm_release.config import CandidateConfig, ServingConfig
 from llm_release.hardware import detect
-from llm_release.probe import HostSupport, check_host_support
+from llm_release.serving.probe import HostSupport, check_host_support
 from tasks.slots import host_slot
 
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from llm_release.promote import DeployTarget, deploy
+from llm_release.canary.promote import deploy
 from llm_release.registry import RegistryState
+from llm_release.results import DeployTarget
 from tasks.slots import host_slot
 
 

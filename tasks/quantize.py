@@ -6,9 +6,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 
-from llm_release.contenders import Contender
+from llm_release.decision.contenders import Contender
 from llm_release.errors import ReleaseError
-from llm_release.quantize import quantize
+from llm_release.quantization.quantize import quantize
 from tasks.slots import host_slot
 from tasks.states import failed_with
 

@@ -7,8 +7,8 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from llm_release.plots import write_plots
-from llm_release.report import ReleaseReport, candidate_rows, with_plots
+from llm_release.reporting.plots import write_plots
+from llm_release.reporting.report import ReleaseReport, candidate_rows, with_plots
 
 
 @task(name="report", cache_policy=NO_CACHE)

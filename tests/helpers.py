@@ -24,7 +24,7 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
     """SIGTERM a process group a test started, SIGKILL it after ``grace_s``: a Prefect worker
     that gets SIGTERM while a flow run is ending can outlive any grace period (CI,
     2026-12-01), and a teardown must not fail on that."""
-    from llm_release.serve import stop_process_group
+    from llm_release.serving.serve import stop_process_group
 
     stop_process_group(proc.pid, grace_s=grace_s)
     proc.wait(10)
@@ -36,7 +36,7 @@ def vllm_processes(
     """vLLM servers running now; with ``under``, only those serving a model below that folder
     (a test's home), so servers of other tests or sessions on the machine are not counted.
     Processes in containers (the docker backend's) are not counted either."""
-    from llm_release.processes import in_my_pid_namespace
+    from llm_release.serving.processes import in_my_pid_namespace
 
     out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
     lines = [
@@ -95,7 +95,7 @@ def prefect_server_with_ui(base: Path):
     import requests
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from llm_release.serve import free_port
+    from llm_release.serving.serve import free_port
 
     @contextlib.contextmanager
     def server():

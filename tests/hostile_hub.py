@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
 
-from llm_release.hub_server import git_blob_sha1
+from demo.hub_server import git_blob_sha1
 
 
 @dataclass

@@ -41,7 +41,7 @@ TOP = [
     "h2",
     "hpack",
     "hyperframe",  # httpx[http2], which GuideLLM asks for
-    "regex==2026.11.19",  # answer_regex with a search timeout (llm_release.metrics)
+    "regex==2026.11.19",  # answer_regex with a search timeout (llm_release.evaluation.metrics)
 ]
 PLATFORMS = [
     "manylinux_2_17_x86_64",

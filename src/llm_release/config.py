@@ -14,11 +14,11 @@ from pydantic import (
     model_validator,
 )
 
-from .credentials import check_endpoint
-from .safety import SET_NAME
-from .serving_flags import check_serving_args
+from llm_release.hub.credentials import check_endpoint
+from llm_release.safety import SET_NAME
+from llm_release.serving.serving_flags import check_serving_args
 
-__all__ = ["check_serving_args"]  # re-exported: llm_release.serving_flags has the list
+__all__ = ["check_serving_args"]  # re-exported: llm_release.serving.serving_flags has the list
 
 REPO_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_][A-Za-z0-9_.-]*"
 
@@ -123,7 +123,7 @@ class CandidateConfig(StrictModel):
     extra_serving_args: list[str] = Field(
         default_factory=list,
         description="vLLM tuning flags for this candidate only, from the allow-list of "
-        "llm_release.serving_flags (README, Security)",
+        "llm_release.serving.serving_flags (README, Security)",
     )
 
     @field_validator("calibration_set")
@@ -177,7 +177,7 @@ class ServingConfig(StrictModel):
     extra_args: list[str] = Field(
         default_factory=list,
         description="vLLM tuning flags beyond the fields here, from the allow-list of "
-        "llm_release.serving_flags (e.g. --max-num-batched-tokens 512); anything else is "
+        "llm_release.serving.serving_flags (e.g. --max-num-batched-tokens 512); anything else is "
         "refused (README, Security)",
     )
     startup_timeout_s: float = Field(900, gt=0)
@@ -294,7 +294,7 @@ class TuneConfig(StrictModel):
     """Per-candidate search of the vLLM settings that matter for goodput: the highest load
     level at which TTFT p95 (gates.ttft_p95_slo_s) and ITL p95 stay under the SLO with the
     error ceiling (gates.max_error_rate) held. One server per setting, load swept against
-    it; settings the planner says cannot fit are never started (see llm_release.tune).
+    it; settings the planner says cannot fit are never started (see llm_release.serving.tune).
     Off by default: on a 2-core CPU each setting costs a server start (~1.5 min)."""
 
     enabled: bool = Field(False, description="tune every candidate before measuring it")
@@ -442,7 +442,7 @@ class Gates(StrictModel):
 
 class AnalysisConfig(StrictModel):
     """Canary analysis: the canary against the stable release over the same window of live
-    traffic, from Prometheus (queries: src/llm_release/canary_queries.yaml). Each check has
+    traffic, from Prometheus (queries: src/llm_release/canary/canary_queries.yaml). Each check has
     a tolerance against the stable release and an absolute ceiling; a canary passes only
     what was measured."""
 

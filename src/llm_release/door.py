@@ -41,8 +41,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from .errors import ConfigError, one_line
-from .settings import settings as operator_settings
+from llm_release.errors import ConfigError, one_line
+from llm_release.settings import settings as operator_settings
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .settings import settings
+from llm_release.settings import settings
 
 CPUINFO = Path("/proc/cpuinfo")
 

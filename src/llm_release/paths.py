@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .settings import settings
+from llm_release.settings import settings
 
 
 def project_root() -> Path:

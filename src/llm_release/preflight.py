@@ -5,14 +5,16 @@ from __future__ import annotations
 import shutil
 import socket
 
-from . import door, local_source, paths, prometheus
-from .config import ReleaseConfig
-from .errors import ConfigError, MetricsError, RouterError, ServeError
-from .evalsets import validate_cached
-from .evaluate import load_decoding
-from .promote import default_router_port, ensure_no_canary, router_for
-from .quantize import load_calibration_texts
-from .registry import Release, load
+from llm_release import door, paths
+from llm_release.canary import prometheus
+from llm_release.canary.promote import default_router_port, ensure_no_canary, router_for
+from llm_release.config import ReleaseConfig
+from llm_release.errors import ConfigError, MetricsError, RouterError, ServeError
+from llm_release.evaluation.evalsets import validate_cached
+from llm_release.evaluation.evaluate import load_decoding
+from llm_release.hub import local_source
+from llm_release.quantization.quantize import load_calibration_texts
+from llm_release.registry import Release, load
 
 
 def check(config: ReleaseConfig) -> tuple[Release | None, str]:
@@ -102,7 +104,8 @@ def check_service(config: ReleaseConfig) -> tuple[Release | None, str]:
 def check_docker(config: ReleaseConfig) -> str:
     """The docker backend can start containers here: the daemon answers and the image is on
     the host (nothing is pulled during a release). Returns the image."""
-    from .backends.docker import _errors, client, resolve_image
+    from llm_release.serving.backends.docker import resolve_image
+    from llm_release.serving.backends.docker_client import client, sdk_errors
 
     docker = client()
     try:
@@ -115,7 +118,7 @@ def check_docker(config: ReleaseConfig) -> str:
     image = resolve_image(config.serving)
     try:
         docker.images.get(image)
-    except _errors().ImageNotFound:
+    except sdk_errors().ImageNotFound:
         raise ServeError(
             f"serving.backend is docker and the image {image} is not on the Docker host",
             hint="run 'llm-release image build' (the local vLLM CPU image), or "

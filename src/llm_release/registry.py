@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from . import paths
-from .config import STORED, ServingConfig
-from .errors import StateError
-from .fileio import atomic_write_text, locked_json
+from llm_release import paths
+from llm_release.config import STORED, ServingConfig
+from llm_release.errors import StateError
+from llm_release.fileio import atomic_write_text, locked_json
 
 
 class Release(BaseModel):

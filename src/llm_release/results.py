@@ -2,16 +2,47 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .evalsets import GateSpec, InconclusivePolicy
-from .vllm_report import KvCheck
+from llm_release.config import ServingConfig
+from llm_release.sizing.vllm_report import KvCheck
 
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+# An eval set's gates (evaluation.evalsets reads them from task.yaml): typed here, with the
+# results that carry them, so the rooms that judge results need not import evaluation.
+class MetricGate(Record):
+    min_score: float | None = Field(None, ge=0, le=1, description="lowest acceptable score")
+    max_drop: float | None = Field(None, ge=0, le=1, description="largest drop vs baseline")
+
+
+class SliceGate(MetricGate):
+    tag: str
+    metric: str
+
+
+InconclusivePolicy = Literal["block", "pass", "review"]
+
+
+class GateSpec(Record):
+    """Gates of one eval set, after project defaults were applied."""
+
+    critical: bool = True
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+    on_inconclusive: InconclusivePolicy = Field(
+        "review",
+        description="what a drop gate whose interval straddles its margin does: block the "
+        "candidate, pass it, or ask a human (review) in the Prefect UI",
+    )
+    metrics: dict[str, MetricGate] = Field(default_factory=dict)
+    slices: list[SliceGate] = Field(default_factory=list)
 
 
 class MetricScore(Record):
@@ -256,3 +287,15 @@ class Decision(Record):
     )
     reviewed: str | None = Field(None, description="the reviewer's verdict and comment")
     slo: Slo | None = Field(None, description="the SLO goodput was measured against")
+
+
+# What the decision sends out (the release's stable and canary), handed to the canary room.
+@dataclass
+class DeployTarget:
+    candidate: str
+    scheme: str
+    model_dir: Path
+    repo_id: str
+    commit: str
+    serving: ServingConfig
+    run_dir: Path | None = None

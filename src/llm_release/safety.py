@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import ConfigError
+from llm_release.errors import ConfigError
 
 # One path part: letters, digits, '.', '_', '-'; never '.' or '..', never hidden (a
 # leading '.'), except the one dot-file every git-backed hub lists.

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from .errors import ConfigError
+from llm_release.errors import ConfigError
 
 PREFIX = "LLM_RELEASE_"
 TRUSTED = "Operator setting (trusted)."

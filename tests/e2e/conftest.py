@@ -18,7 +18,7 @@ def sets_reported_only(tmp_path, monkeypatch):
     """The shipped eval sets with their gates reported but not blocking, for the tests that
     release a random-weight model to check the flow's mechanics: such a model scores 0 on
     the domain sets, and their measured floors (min_score) rightly refuse it. What the floors
-    do is tested in test_decisions_e2e.py and tests/unit/test_select.py."""
+    do is tested in test_decisions_e2e.py and tests/unit/decision/test_select.py."""
     import shutil
 
     from llm_release import paths

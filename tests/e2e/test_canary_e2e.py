@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from llm_release import promote, registry
+from llm_release import registry
+from llm_release.canary import promote
 from tests.helpers import answer_paused_run
 
 pytestmark = [pytest.mark.slow]
@@ -87,7 +88,7 @@ class FaultProxy:
 
 def target(name, model_dir):
     from llm_release.config import ServingConfig
-    from llm_release.promote import DeployTarget
+    from llm_release.results import DeployTarget
 
     return DeployTarget(
         candidate=name,
@@ -103,9 +104,9 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     prefect_api, home, tiny_model_dir
 ):
     from flows.canary import canary_rollout
+    from llm_release.canary.prometheus import for_home
     from llm_release.config import RolloutConfig
-    from llm_release.prometheus import for_home
-    from llm_release.serve import free_port
+    from llm_release.serving.serve import free_port
 
     config = RolloutConfig.model_validate(ROLLOUT)
     state = promote.deploy(

@@ -16,8 +16,8 @@ import time
 import pytest
 import requests
 
+from demo.hub_server import publish_repo
 from llm_release import registry
-from llm_release.hub_server import publish_repo
 from tests.helpers import TINY_REPO, answer_paused_run, vllm_processes
 
 pytestmark = [pytest.mark.slow]
@@ -130,7 +130,7 @@ def report(home, run_id):
 def test_champion_review_and_memory(prefect_api, home, hub, hub_root, eval_sets, silent_model_dir):
     from flows.model_update import model_update
     from flows.release import release
-    from llm_release.serve import free_port
+    from llm_release.serving.serve import free_port
 
     port = free_port()
     first = release(config(hub, port, ["mostly_free"]))
@@ -209,9 +209,9 @@ def test_champion_review_and_memory(prefect_api, home, hub, hub_root, eval_sets,
 def test_a_first_release_that_fails_an_absolute_gate_deploys_nothing(
     prefect_api, home, hub_root, eval_sets, silent_model_dir
 ):
+    from demo.hub_server import HubServer
     from flows.release import release
-    from llm_release.hub_server import HubServer
-    from llm_release.serve import free_port
+    from llm_release.serving.serve import free_port
 
     publish_repo(hub_root, TINY_REPO, silent_model_dir)
     with HubServer(hub_root) as hub:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import requests
 
-from llm_release import image, registry
-from llm_release.backends.docker import PROJECT, client, docker_available, label
+from llm_release import registry
+from llm_release.serving.backends import image
+from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
 from tests.helpers import TINY_REPO, lb_headers, vllm_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
@@ -47,7 +48,7 @@ def containers(home, **labels) -> dict[str, str]:
 def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_only):
     from flows.release import release
     from llm_release.config import ReleaseConfig
-    from llm_release.serve import free_port
+    from llm_release.serving.serve import free_port
 
     assert docker_available(), "the Docker daemon does not answer: 'make setup' starts it"
     image.build()  # idempotent: reused when its inputs are unchanged

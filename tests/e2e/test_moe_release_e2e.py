@@ -13,9 +13,9 @@ import json
 
 import pytest
 
+from demo.hub_server import HubServer, publish_repo
 from llm_release import registry
-from llm_release.demo_model import build_tiny_moe_model
-from llm_release.hub_server import HubServer, publish_repo
+from llm_release.serving.tiny_models import build_tiny_moe_model
 
 pytestmark = [pytest.mark.slow]
 
@@ -35,7 +35,7 @@ def test_a_moe_release_skips_what_the_host_cannot_serve_and_releases_the_rest(
 ):
     from flows.release import release
     from llm_release.config import ReleaseConfig
-    from llm_release.serve import free_port
+    from llm_release.serving.serve import free_port
 
     final = release(
         ReleaseConfig.model_validate(

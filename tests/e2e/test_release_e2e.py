@@ -8,8 +8,8 @@ import sys
 import pytest
 import requests
 
+from demo.hub_server import publish_repo
 from llm_release import registry
-from llm_release.hub_server import publish_repo
 from tests.helpers import (
     TINY_REPO,
     chromium_page,
@@ -99,7 +99,7 @@ def test_release_end_to_end(
 ):
     from flows.release import release
     from llm_release.config import ReleaseConfig
-    from llm_release.serve import free_port
+    from llm_release.serving.serve import free_port
 
     # The broken candidate's flag, unknown to vLLM, passes the allow-list only as the
     # operator's addition (a run form cannot add flags).

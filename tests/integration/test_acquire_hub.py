@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from llm_release.acquire import acquire, check_repo_contract
 from llm_release.config import SourceConfig
 from llm_release.errors import AcquireError, ConfigError, IntegrityError
+from llm_release.hub.acquire import acquire, check_repo_contract
 from tests.helpers import TINY_REPO
 
 pytestmark = pytest.mark.integration
@@ -79,7 +79,7 @@ def test_unknown_revision_and_repo_are_clear(home, hub):
 
 
 def test_missing_tokenizer_breaks_the_contract(home, hub_root, tiny_model_dir, tmp_path):
-    from llm_release.hub_server import HubServer, publish_repo
+    from demo.hub_server import HubServer, publish_repo
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -109,7 +109,7 @@ def test_local_folder_source_is_copied_verified_and_content_addressed(
     for f in tiny_model_dir.iterdir():
         assert (acquired.model_dir / f.name).read_bytes() == f.read_bytes()
     assert acquire(source).reused
-    from llm_release.acquire import verify_dir
+    from llm_release.hub.acquire import verify_dir
 
     assert verify_dir(acquired.model_dir) == []
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from llm_release.hub_server import HubServer, publish_repo
-from llm_release.serve import free_port
+from demo.hub_server import HubServer, publish_repo
+from llm_release.serving.serve import free_port
 from tests.helpers import stop_group
 
 pytestmark = [pytest.mark.integration]
@@ -413,8 +413,9 @@ def waiting_eval(control, deployed, killed_slot) -> dict:
     early in the module so that its wait, the lease's, runs while the other tests do."""
     from prefect.deployments import run_deployment
 
-    from llm_release import processes, registry
+    from llm_release import registry
     from llm_release.config import ServingConfig
+    from llm_release.serving import processes
     from tests.fake_openai import FakeServer
 
     active_at_submit = active_slots()

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from llm_release.acquire import acquire
 from llm_release.config import CandidateConfig, SourceConfig
 from llm_release.errors import DiskSpaceError
-from llm_release.quantize import quantize
+from llm_release.hub.acquire import acquire
+from llm_release.quantization.quantize import quantize
 from tests.helpers import TINY_REPO
 
 pytestmark = pytest.mark.integration

@@ -14,22 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from llm_release import image
-from llm_release.backends.docker import (
+from llm_release.config import EvalConfig, LoadProfile, ServingConfig
+from llm_release.decision.candidate import measure
+from llm_release.serving.backends import image
+from llm_release.serving.backends.docker import (
     CONTAINER_PORT,
     HOSTNAME,
     NETWORK,
-    PROJECT,
     HostSettings,
-    client,
     container_spec,
-    docker_available,
     ensure_network,
-    label,
 )
-from llm_release.candidate import measure
-from llm_release.config import EvalConfig, LoadProfile, ServingConfig
-from llm_release.serve import Owner, free_port
+from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
+from llm_release.serving.serve import Owner, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.docker]
 
@@ -90,7 +87,7 @@ def test_sweeps_remove_this_homes_leftovers_and_nothing_else(cpu_image, home):
             detach=True, network_mode="none", init=True,
         )  # fmt: skip
 
-    from llm_release.processes import start_time
+    from llm_release.serving.processes import start_time
 
     started = f"{start_time(os.getpid()):.2f}"
     stranger = sleeper("unlabelled", {})
@@ -103,7 +100,7 @@ def test_sweeps_remove_this_homes_leftovers_and_nothing_else(cpu_image, home):
     )
     canary = sleeper("canary", mine | {label("role"): "canary", label("release-id"): "x-1"})
     try:
-        from llm_release.backends import sweep_containers
+        from llm_release.serving.backends import sweep_containers
 
         # Before a release: only what a dead run left (the registry's canary stays).
         removed = sweep_containers(home, everything=False)

@@ -18,10 +18,10 @@ import pytest
 import requests
 
 from llm_release import door
+from llm_release.canary.router import Router, SlotTarget
 from llm_release.errors import ConfigError
-from llm_release.router import Router, SlotTarget
-from llm_release.serve import free_port
-from llm_release.traffic import Traffic
+from llm_release.load.traffic import Traffic
+from llm_release.serving.serve import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -6,15 +6,10 @@ import time
 
 import pytest
 
-from llm_release.acquire import (
-    TransferSettings,
-    acquire,
-    check_repo_contract,
-    verify_dir,
-)
+from demo.hub_server import publish_repo
 from llm_release.config import SourceConfig
 from llm_release.errors import AcquireError, IntegrityError
-from llm_release.hub_server import publish_repo
+from llm_release.hub.acquire import TransferSettings, acquire, check_repo_contract, verify_dir
 from tests.faulty_hub import FaultyHub
 from tests.helpers import TINY_REPO
 
@@ -164,7 +159,7 @@ def test_token_reaches_the_hub_but_no_file_or_repr(home, faulty, monkeypatch):
 
 def test_vllm_servers_never_inherit_secrets(monkeypatch):
     from llm_release.config import ServingConfig
-    from llm_release.serve import server_env
+    from llm_release.serving.serve import server_env
 
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     monkeypatch.setenv("PREFECT_API_KEY", "pnu_x")

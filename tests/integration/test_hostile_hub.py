@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from llm_release.acquire import TransferSettings, acquire, check_repo_contract
 from llm_release.config import SourceConfig
-from llm_release.credentials import HubToken
 from llm_release.errors import AcquireError
+from llm_release.hub.acquire import TransferSettings, acquire, check_repo_contract
+from llm_release.hub.credentials import HubToken
 from tests.hostile_hub import HostileHub
 
 pytestmark = pytest.mark.integration
@@ -213,7 +213,7 @@ def test_a_broken_index_is_our_error(tmp_path, index):
 
 
 def test_a_broken_manifest_is_our_error(tmp_path):
-    from llm_release.acquire import verify_dir
+    from llm_release.hub.acquire import verify_dir
 
     model = tmp_path / ("0" * 40)
     model.mkdir()
@@ -226,8 +226,8 @@ def test_the_project_hub_serves_no_repo_outside_its_root(tmp_path):
     """The local hub takes the repo id from the request's URL: '..' never leaves its root."""
     import http.client
 
+    from demo.hub_server import HubServer, publish_repo
     from llm_release.errors import ConfigError
-    from llm_release.hub_server import HubServer, publish_repo
 
     outside = tmp_path / "x"
     (outside / "commits").mkdir(parents=True)

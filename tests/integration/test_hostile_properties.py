@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from llm_release.acquire import TransferSettings, acquire
 from llm_release.config import SourceConfig
 from llm_release.errors import ReleaseError
+from llm_release.hub.acquire import TransferSettings, acquire
 from tests.hostile_hub import HostileHub
 
 pytestmark = pytest.mark.integration

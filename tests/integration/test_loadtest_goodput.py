@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 
 from llm_release.config import Gates, LoadProfile
-from llm_release.loadtest import goodput, run_load_test, slo_for
-from llm_release.serve import free_port
+from llm_release.load.loadtest import goodput, run_load_test, slo_for
+from llm_release.serving.serve import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -4,8 +4,8 @@ limit, which is reported as such and not run again."""
 import pytest
 
 from llm_release.config import LoadProfile, ServingConfig
-from llm_release.loadtest import run_load_test
-from llm_release.serve import VllmServer
+from llm_release.load.loadtest import run_load_test
+from llm_release.serving.serve import VllmServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -12,8 +12,8 @@ import pytest
 
 from llm_release.cli import main
 from llm_release.config import ReleaseConfig
-from llm_release.hub_headers import read_hub, read_local
-from llm_release.sizing import read_release_model
+from llm_release.hub.hub_headers import read_hub, read_local
+from llm_release.serving.capacity import read_release_model
 from tests.helpers import TINY_REPO
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ import pytest
 from llm_release import paths
 from llm_release.cli import main as cli
 from llm_release.config import ServingConfig
-from llm_release.evalsets import MetricGate
-from llm_release.evaluate import run_evaluation
-from llm_release.serve import VllmServer
+from llm_release.evaluation.evaluate import run_evaluation
+from llm_release.results import MetricGate
+from llm_release.serving.serve import VllmServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

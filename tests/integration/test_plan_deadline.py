@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from llm_release import hub_headers
 from llm_release.errors import AcquireError
-from llm_release.hub_headers import read_hub
+from llm_release.hub import hub_headers
+from llm_release.hub.hub_headers import read_hub
 from tests.hostile_hub import HostileHub
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from llm_release.errors import AcquireError
-from llm_release.hub_headers import read_hub, read_local
+from llm_release.hub.hub_headers import read_hub, read_local
 from tests.helpers import TINY_REPO
 
 pytestmark = pytest.mark.integration

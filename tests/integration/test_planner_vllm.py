@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from llm_release.config import ServingConfig
-from llm_release.hub_headers import read_local
-from llm_release.planner import parse_config, plan, request_for_serving, weights_from_tensors
-from llm_release.serve import VllmServer
-from llm_release.vllm_report import check_plan, parse_vllm_kv_report
+from llm_release.hub.hub_headers import read_local
+from llm_release.serving.serve import VllmServer
+from llm_release.sizing import parse_config, plan, request_for_serving, weights_from_tensors
+from llm_release.sizing.vllm_report import check_plan, parse_vllm_kv_report
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -170,7 +170,7 @@ def deepseek_v2_dir(tmp_path_factory, tokenizer_dir) -> Path:
 
 @pytest.fixture(scope="module")
 def smollm2_dir(tmp_path_factory) -> Path:
-    from llm_release.demo_model import convert_smollm2
+    from demo.demo_model import convert_smollm2
 
     return convert_smollm2(tmp_path_factory.mktemp("smollm2") / "SmolLM2-135M-Instruct")
 
@@ -238,8 +238,8 @@ def test_plan_of_smollm2_on_the_local_hub_prints_in_under_5_s(smollm2_dir, tmp_p
     import sys
     import time
 
-    from llm_release.demo_model import DEMO_REPO_ID
-    from llm_release.hub_server import HubServer, publish_repo
+    from demo.demo_model import DEMO_REPO_ID
+    from demo.hub_server import HubServer, publish_repo
 
     root = tmp_path / "hub"
     commit = publish_repo(root, DEMO_REPO_ID, smollm2_dir)

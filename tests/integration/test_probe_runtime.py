@@ -7,7 +7,8 @@ import pytest
 from llm_release import paths
 from llm_release.config import CandidateConfig
 from llm_release.hardware import CpuInfo, Hardware, detect
-from llm_release.probe import probe_scheme, runtime_info
+from llm_release.serving.dtype import runtime_info
+from llm_release.serving.probe import probe_scheme
 
 pytestmark = [pytest.mark.integration]
 

@@ -14,11 +14,12 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_release import prometheus, promote, registry
-from llm_release.alerts import install_rules, render_rules
-from llm_release.analysis import analyze_window, load_queries
+from llm_release import registry
+from llm_release.canary import prometheus, promote
+from llm_release.canary.alerts import install_rules, render_rules
+from llm_release.canary.analysis import analyze_window, load_queries
 from llm_release.config import AnalysisConfig, ServingConfig
-from llm_release.serve import free_port
+from llm_release.serving.serve import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

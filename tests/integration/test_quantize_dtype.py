@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from llm_release.config import CandidateConfig
 from llm_release.hardware import CpuInfo, Hardware
-from llm_release.quantize import quantize
+from llm_release.quantization.quantize import quantize
 
 pytestmark = [pytest.mark.integration]
 

@@ -4,7 +4,7 @@ experts are quantized and the router gates are stored in bf16 (read from the saf
 and the candidate's record lists the layers left unquantized with the reason.
 
 Not served by vLLM here: vLLM CPU 0.32 starts neither artifact (measured 2026-11-30 with this
-module's model through llm_release.serve.VllmServer, ServingConfig(enforce_eager=True,
+module's model through llm_release.serving.serve.VllmServer, ServingConfig(enforce_eager=True,
 max_model_len=256, max_num_seqs=2)): FP8 fails with "Unsupported FP8 MoE backend: NONE" and
 W4A16 with "No WNA16 MoE backend supports the deployment configuration". The artifacts are
 checked by loading instead: FP8 through transformers' compressed-tensors integration, W4A16
@@ -16,8 +16,8 @@ import pytest
 from safetensors import safe_open
 
 from llm_release.config import CandidateConfig
-from llm_release.demo_model import build_tiny_moe_model
-from llm_release.quantize import MODEL_FREE, quantize
+from llm_release.quantization.quantize import MODEL_FREE, quantize
+from llm_release.serving.tiny_models import build_tiny_moe_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

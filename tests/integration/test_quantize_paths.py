@@ -8,7 +8,7 @@ import pytest
 from safetensors.torch import load_file
 
 from llm_release.config import CandidateConfig
-from llm_release.quantize import IN_MEMORY, SEQUENTIAL_OFFLOAD, quantize
+from llm_release.quantization.quantize import IN_MEMORY, SEQUENTIAL_OFFLOAD, quantize
 
 pytestmark = [pytest.mark.integration]
 

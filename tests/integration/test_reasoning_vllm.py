@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import requests
 
-from llm_release import reasoning
 from llm_release.config import ServingConfig
-from llm_release.serve import VllmServer
+from llm_release.serving import reasoning
+from llm_release.serving.serve import VllmServer
 from tests.tiny_qwen3 import NO_THINK_SUFFIX, build_tiny_qwen3
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

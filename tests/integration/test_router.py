@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from llm_release.router import Router, SlotTarget
-from llm_release.serve import free_port
+from llm_release.canary.router import Router, SlotTarget
+from llm_release.serving.serve import free_port
 
 pytestmark = pytest.mark.integration
 

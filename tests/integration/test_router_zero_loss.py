@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from llm_release import promote, registry
+from llm_release import registry
+from llm_release.canary import promote
+from llm_release.canary.router import Router, SlotTarget
 from llm_release.config import ServingConfig
-from llm_release.processes import start_time
+from llm_release.load.traffic import Traffic
 from llm_release.registry import Release
-from llm_release.router import Router, SlotTarget
-from llm_release.serve import free_port
-from llm_release.traffic import Traffic
+from llm_release.serving.processes import start_time
+from llm_release.serving.serve import free_port
 from tests.fake_openai import FakeServer
 
 pytestmark = pytest.mark.integration

@@ -2,8 +2,8 @@
 
 import pytest
 
-from llm_release.candidate import measure
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
+from llm_release.decision.candidate import measure
 from tests.helpers import vllm_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -43,9 +43,9 @@ def test_a_server_that_dies_after_it_was_ready_is_reported_with_its_own_exit(
 
     import requests
 
-    from llm_release.candidate import _server_watch
+    from llm_release.decision.candidate import _server_watch
     from llm_release.errors import ServeError
-    from llm_release.serve import VllmServer
+    from llm_release.serving.serve import VllmServer
 
     serving = ServingConfig(enforce_eager=True, max_model_len=256, max_num_seqs=2)
     with VllmServer(tiny_model_dir, ["tiny"], serving, tmp_path / "vllm.log") as server:

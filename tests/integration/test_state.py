@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 import requests
 
-from llm_release import promote, registry
+from llm_release import registry
+from llm_release.canary import promote
+from llm_release.canary.router import Router
 from llm_release.cli import main as cli
 from llm_release.config import ServingConfig
 from llm_release.errors import StateError
-from llm_release.processes import start_time
 from llm_release.registry import Release
-from llm_release.router import Router
-from llm_release.serve import free_port
+from llm_release.serving.processes import start_time
+from llm_release.serving.serve import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from llm_release.serve import free_port
-from llm_release.traffic import Traffic
+from llm_release.load.traffic import Traffic
+from llm_release.serving.serve import free_port
 from tests.fake_openai import FakeServer
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig
 from llm_release.hardware import detect
 from llm_release.results import TuneResult
-from llm_release.tune import tune_candidate
+from llm_release.serving.tune import tune_candidate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -86,7 +86,7 @@ def test_the_demo_config_is_valid_release_parameters():
     ],
 )
 def test_serving_args_outside_the_allow_list_are_refused_and_no_parameter_lifts_it(args):
-    # The list and its spellings: tests/unit/test_serving_flags.py.
+    # The list and its spellings: tests/unit/serving/test_serving_flags.py.
     with pytest.raises(ValidationError, match="not a vLLM flag a release may set") as info:
         ServingConfig(extra_args=args)
     assert len(str(info.value.errors()[0]["msg"]).splitlines()) == 1

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from llm_release import door
+from llm_release.canary.router import SlotTarget, render_config
 from llm_release.errors import ConfigError
-from llm_release.router import SlotTarget, render_config
 
 KEY_A = "k" * 20
 KEY_B = "Zm9vYmFyYmF6cXV4LTEyMw=="

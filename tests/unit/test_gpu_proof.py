@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from llm_release.results import CandidateResult, EvalResult, LoadLevel, LoadResult, MetricScore
-from llm_release.vllm_report import KvCheck
+from llm_release.sizing.vllm_report import KvCheck
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu" / "release_proof.py"
@@ -185,7 +185,7 @@ def test_served_seqs_reads_the_servers_argv(tmp_path):
 def test_the_random_shapes_are_what_their_names_say():
     import transformers
 
-    from llm_release.planner import estimate_params, parse_config
+    from llm_release.sizing import estimate_params, parse_config
 
     proof = _load()
     sizes = {}
@@ -205,8 +205,8 @@ def test_the_random_shapes_are_what_their_names_say():
 
 
 def test_the_full_size_shapes_are_config_only_folders_with_their_flags(tmp_path, monkeypatch):
-    from llm_release.planner import estimate_params, parse_config
-    from llm_release.serving_flags import check_serving_args
+    from llm_release.serving.serving_flags import check_serving_args
+    from llm_release.sizing import estimate_params, parse_config
 
     proof = _load()
     tok = tmp_path / "tok"

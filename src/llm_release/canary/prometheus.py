@@ -1,0 +1,399 @@
+"""Prometheus, started by the project: it scrapes every vLLM server behind the router and
+HAProxy's own exporter, each series labelled with the service, the release and its role.
+
+Scrape targets come from ``file_sd`` files written atomically from the release registry:
+Prometheus re-reads them when they change, so a deploy, promotion or rollback never
+restarts it. Its TSDB lives under the project home and outlives 'make down', so the next
+'make demo' adds to the same history. It listens on 127.0.0.1 only, with neither the
+lifecycle nor the admin API enabled (reload is SIGHUP, from the user that started it).
+
+``PrometheusClient`` speaks the HTTP query API of any Prometheus, so the canary analysis
+can run against a team's own server as well as this one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from llm_release import paths
+from llm_release.canary.router import BACKEND
+from llm_release.errors import MetricsError
+from llm_release.fileio import atomic_write_text
+from llm_release.hub.credentials import child_env
+from llm_release.registry import RegistryState
+from llm_release.serving import processes
+from llm_release.serving.serve import free_port, stop_process_group
+from llm_release.settings import settings
+
+PORT_ENV = "LLM_RELEASE_PROMETHEUS_PORT"
+# 5 s: a 60-s analysis window then holds 12 samples of every series (rate() needs 2, and
+# Prometheus' rule of thumb is a range of at least 4 scrape intervals, so windows down to
+# 20 s still work), and a short queue or KV-cache spike is seen by max_over_time. Cost,
+# measured on a 2-core host at load average ~9: a vLLM CPU 0.32 scrape is 420 samples,
+# 50 KB, 25-55 ms (HAProxy's: 353 samples, 4 ms), i.e. about 1% of the interval per server.
+# 1 s would cost 5x that on the CPU the servers share; 15 s would leave a 60-s window 4.
+SCRAPE_INTERVAL_S = 5.0
+# History kept for comparing releases over days; the cap protects a small disk.
+RETENTION = ("30d", "2GB")
+VLLM_JOB = "vllm"
+HAPROXY_JOB = "haproxy"
+READY_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 20
+
+
+def default_port() -> int:
+    """``LLM_RELEASE_PROMETHEUS_PORT`` (9090). ``auto``: 0, a free port picked when Prometheus
+    starts and recorded beside it (tests: a port picked minutes before the start can be taken
+    by then by another server of the same run)."""
+    port = settings().prometheus_port
+    return 0 if port == "auto" else port
+
+
+def _duration(seconds: float) -> str:
+    """A Prometheus duration (milliseconds are exact for any interval we allow)."""
+    return f"{round(seconds * 1000)}ms"
+
+
+def render_config(directory: Path, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> str:
+    directory = Path(directory)
+    interval = _duration(scrape_interval_s)
+    config = {
+        "global": {
+            "scrape_interval": interval,
+            "scrape_timeout": interval,
+            "evaluation_interval": interval,
+        },
+        "rule_files": [str(directory / "rules" / "*.yml")],
+        "scrape_configs": [
+            {
+                "job_name": VLLM_JOB,
+                "file_sd_configs": [{"files": [str(directory / "targets" / "vllm.json")]}],
+            },
+            {
+                "job_name": HAPROXY_JOB,
+                "file_sd_configs": [{"files": [str(directory / "targets" / "haproxy.json")]}],
+                # HAProxy names the slot in its 'server' label; copying it to 'role' lets
+                # one selector ({service=..., role=...}) pick both sources of a role.
+                "metric_relabel_configs": [
+                    {
+                        "source_labels": ["proxy", "server"],
+                        "regex": f"{BACKEND};(stable|canary)",
+                        "target_label": "role",
+                        "replacement": "$1",
+                    }
+                ],
+            },
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def service_name(state: RegistryState) -> str | None:
+    """The name clients call the service by (the stable release's, else the canary's)."""
+    release = state.stable or state.canary
+    return release.public_name if release else None
+
+
+def render_targets(
+    state: RegistryState, haproxy_metrics_port: int | None
+) -> tuple[list[dict], list[dict]]:
+    """file_sd entries for the registry's vLLM servers and for HAProxy's exporter."""
+    service = service_name(state)
+    vllm = [
+        {
+            "targets": [f"127.0.0.1:{int(release.port)}"],
+            "labels": {"service": service, "release": release.release_id, "role": role},
+        }
+        for role, release in (("stable", state.stable), ("canary", state.canary))
+        if release is not None
+    ]
+    haproxy = []
+    if haproxy_metrics_port is not None and service is not None:
+        haproxy.append(
+            {"targets": [f"127.0.0.1:{int(haproxy_metrics_port)}"], "labels": {"service": service}}
+        )
+    return vllm, haproxy
+
+
+def scraped_values(text: str, names: Collection[str]) -> list[float]:
+    """The values of the samples named in ``names`` on a ``/metrics`` page (the Prometheus
+    text exposition format, read by prometheus_client's parser), one per series; ValueError
+    when the page does not parse."""
+    return [
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name in names
+    ]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One series of an instant query's answer; ``value`` may be NaN (e.g. a quantile of
+    a histogram that saw nothing in the window)."""
+
+    labels: dict[str, str] = field(default_factory=dict)
+    value: float = math.nan
+
+
+class PrometheusClient:
+    """The instant-query API of any Prometheus (the project's own or a team's)."""
+
+    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def _post(self, path: str, **params: str) -> requests.Response:
+        try:
+            reply = requests.post(f"{self.url}{path}", data=params, timeout=self.timeout_s)
+        except requests.RequestException as exc:
+            raise MetricsError(
+                f"Prometheus at {self.url} did not answer: {type(exc).__name__}",
+                hint="is it running? the project's own starts with a release "
+                "('llm-release down' stops it); check analysis.prometheus_url",
+            ) from None
+        return reply
+
+    def query(self, promql: str, at: float | None = None) -> list[Sample]:
+        """Evaluate ``promql`` at ``at`` (Unix seconds; now if None)."""
+        params = {"query": promql}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        reply = self._post("/api/v1/query", **params)
+        try:
+            body = reply.json()
+        except ValueError:
+            body = {}
+        if reply.status_code != 200 or body.get("status") != "success":
+            detail = f"{body.get('errorType', reply.status_code)}: {body.get('error', '')}"
+            raise MetricsError(
+                f"Prometheus at {self.url} refused the query {promql!r} ({detail.strip()})",
+                hint="the queries are in src/llm_release/canary/canary_queries.yaml; try one in the "
+                "Prometheus UI",
+            )
+        data = body.get("data", {})
+        kind, result = data.get("resultType"), data.get("result")
+        if kind == "vector":
+            return [Sample(dict(r.get("metric", {})), float(r["value"][1])) for r in result]
+        if kind == "scalar":
+            return [Sample({}, float(result[1]))]
+        raise MetricsError(
+            f"the query {promql!r} returned a {kind}, not an instant vector or a scalar"
+        )
+
+    def value(self, promql: str, at: float | None = None) -> float | None:
+        """The one number ``promql`` yields; None when it yields nothing or NaN (no data)."""
+        samples = self.query(promql, at)
+        if len(samples) > 1:
+            raise MetricsError(
+                f"the query {promql!r} returned {len(samples)} series where one was expected",
+                hint="aggregate it (sum, max) so it yields one number",
+            )
+        if not samples or math.isnan(samples[0].value):
+            return None
+        return samples[0].value
+
+
+class Prometheus:
+    """The Prometheus process whose files live under ``directory``.
+
+    ``port`` None: the port the running instance was started on, else
+    ``LLM_RELEASE_PROMETHEUS_PORT`` (9090).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        port: int | None = None,
+        *,
+        scrape_interval_s: float = SCRAPE_INTERVAL_S,
+    ) -> None:
+        self.directory = Path(directory)
+        self.config_path = self.directory / "prometheus.yml"
+        self.pid_path = self.directory / "prometheus.pid"
+        self.port_path = self.directory / "port"
+        self.log_path = self.directory / "prometheus.log"
+        self.data_dir = self.directory / "data"
+        self.rules_dir = self.directory / "rules"
+        self.targets_dir = self.directory / "targets"
+        self.scrape_interval_s = scrape_interval_s
+        if port is None:
+            port = self._recorded_port() if self.running() else None
+        self.port = port or default_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def client(self) -> PrometheusClient:
+        return PrometheusClient(self.url)
+
+    def query(self, promql: str, at: float | None = None) -> list[Sample]:
+        return self.client.query(promql, at)
+
+    # -- process -------------------------------------------------------------------------
+    def _recorded_port(self) -> int | None:
+        return processes.read_int(self.port_path)
+
+    def pid(self) -> int | None:
+        return processes.pid_from_file(self.pid_path, f"--config.file={self.config_path}")
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        if self.running():
+            return
+        if self.port:
+            self._start(timeout_s)
+            return
+        # 'auto': a port picked now; one taken between the pick and the bind is picked again
+        for attempt in range(3):
+            self.port = free_port()
+            try:
+                self._start(timeout_s)
+                return
+            except MetricsError as exc:
+                if attempt == 2 or "is in use" not in (exc.hint or ""):
+                    raise
+
+    def _start(self, timeout_s: float) -> None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise MetricsError(
+                "prometheus is not installed",
+                hint="run 'make setup' (it runs apt-get install -y prometheus) and try again",
+            )
+        for directory in (self.data_dir, self.rules_dir, self.targets_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        for name in ("vllm.json", "haproxy.json"):
+            if not (self.targets_dir / name).exists():
+                atomic_write_text(self.targets_dir / name, "[]\n")
+        atomic_write_text(self.config_path, render_config(self.directory, self.scrape_interval_s))
+        command = [
+            binary,
+            f"--config.file={self.config_path}",
+            f"--storage.tsdb.path={self.data_dir}",
+            f"--storage.tsdb.retention.time={RETENTION[0]}",
+            f"--storage.tsdb.retention.size={RETENTION[1]}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
+        with open(self.log_path, "ab") as log:
+            # Its own session: it outlives this process (like HAProxy's -D) and 'down' stops
+            # its whole group.
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                env=child_env(),
+                start_new_session=True,
+            )
+        atomic_write_text(self.pid_path, f"{proc.pid}\n")
+        atomic_write_text(self.port_path, f"{self.port}\n")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            try:
+                if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        stop_process_group(proc.pid, grace_s=5)
+        tail = self.log_tail()
+        hint = f"see {self.log_path}"
+        if "address already in use" in tail:
+            hint = f"port {self.port} is in use: set {PORT_ENV} to a free port"
+        elif "lock DB directory" in tail:
+            hint = f"another Prometheus uses {self.data_dir}; stop it ('llm-release down')"
+        raise MetricsError(f"Prometheus did not become ready:\n{tail}", hint=hint)
+
+    def ensure_running(self) -> Prometheus:
+        if not self.running():
+            self.start()
+        return self
+
+    def stop(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        # SIGTERM lets it write its head block; a TSDB killed hard replays its WAL next time.
+        return stop_process_group(pid, grace_s=15)
+
+    def _reload_state(self) -> tuple[float, float]:
+        text = requests.get(f"{self.url}/metrics", timeout=5).text
+
+        def value(name: str, missing: float) -> float:
+            try:
+                values = scraped_values(text, {name})
+            except ValueError:  # a page that does not parse says nothing: not reloaded yet
+                return missing
+            return values[0] if values else missing
+
+        return (
+            value("prometheus_config_last_reload_successful", math.nan),
+            value("prometheus_config_last_reload_success_timestamp_seconds", 0.0),
+        )
+
+    def reload(self, timeout_s: float = 15.0) -> None:
+        """Re-read the config and the rule files (SIGHUP); MetricsError if it refused them."""
+        pid = self.pid()
+        if pid is None:
+            raise MetricsError("Prometheus is not running", hint="start it with a release")
+        _, before = self._reload_state()
+        os.kill(pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            ok, at = self._reload_state()
+            if ok == 0:
+                raise MetricsError(
+                    f"Prometheus refused its new config or rules:\n{self.log_tail()}",
+                    hint=f"check {self.config_path} and {self.rules_dir} with promtool",
+                )
+            if at > before:
+                return
+            time.sleep(0.1)
+        raise MetricsError(f"Prometheus did not reload within {timeout_s:.0f} s")
+
+    # -- targets -------------------------------------------------------------------------
+    def write_targets(self, state: RegistryState, haproxy_metrics_port: int | None) -> None:
+        vllm, haproxy = render_targets(state, haproxy_metrics_port)
+        # Atomic: Prometheus never reads half a file (it would drop every target of it).
+        atomic_write_text(self.targets_dir / "vllm.json", json.dumps(vllm, indent=2) + "\n")
+        atomic_write_text(self.targets_dir / "haproxy.json", json.dumps(haproxy, indent=2) + "\n")
+
+
+def for_home() -> Prometheus:
+    """The project's own Prometheus (under the project home)."""
+    return Prometheus(paths.prometheus_dir())
+
+
+def sync_targets(state: RegistryState, haproxy_metrics_port: int | None = None) -> Prometheus:
+    """Point the project's Prometheus at the registry's releases (and HAProxy's exporter);
+    start it if it is not running."""
+    prometheus = for_home()
+    prometheus.write_targets(state, haproxy_metrics_port)
+    return prometheus.ensure_running()

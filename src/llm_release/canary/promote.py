@@ -1,0 +1,485 @@
+"""Promote: put the stable release and the winner behind HAProxy; promote or roll back.
+
+One canary at a time; its weight steps through ``set_canary_weight`` (1..99). A server
+leaves the router before it stops: rollback and promote first drain its slot (no new
+request reaches it from that instant), then wait until HAProxy and vLLM both count no
+request in flight on it, and only then stop it — so no client request is lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Literal
+
+import requests
+from pydantic import BaseModel, ConfigDict, Field
+
+from llm_release import paths, registry, safety
+from llm_release.canary import prometheus
+from llm_release.canary.router import Router, SlotTarget
+from llm_release.errors import ConfigError, ReleaseError, RouterError, StateError
+from llm_release.registry import RegistryState, Release
+from llm_release.results import DeployTarget
+from llm_release.serving import backends, processes
+from llm_release.serving.factory import start_detached
+from llm_release.serving.serve import Endpoint, Owner, free_port, stop_process_group
+from llm_release.settings import settings
+
+# How often a drain looks at the in-flight counts (HAProxy's socket and vLLM's /metrics).
+DRAIN_POLL_S = 0.25
+# vLLM's gauges of the requests it is running and has queued (one series per model name).
+IN_FLIGHT_GAUGES = frozenset({"vllm:num_requests_running", "vllm:num_requests_waiting"})
+
+logger = logging.getLogger(__name__)
+
+
+def default_router_port() -> int:
+    return settings().router_port
+
+
+def router_for(state: RegistryState) -> Router:
+    return Router(paths.router_dir(), state.router_port or default_router_port())
+
+
+def release_alive(release: Release) -> bool:
+    """The recorded server still runs: same pid and start time (older records: a command
+    line naming the release), or the release's own container. A reused pid is some other
+    process, never ours."""
+    return backends.release_alive(release)
+
+
+def stop_release(release: Release) -> bool:
+    """Stop ``release``'s server if it is still the recorded one; False otherwise."""
+    return backends.stop_release(release)
+
+
+def _server_identity(endpoint: Endpoint) -> dict:
+    """What a release records of its server, whichever backend runs it."""
+    return {
+        "port": endpoint.port,
+        "pid": endpoint.pid,
+        "pid_started": processes.start_time(endpoint.pid) if endpoint.pid else None,
+        "container": endpoint.container,
+    }
+
+
+def ensure_no_canary() -> None:
+    state = registry.load()
+    if state.canary is not None and release_alive(state.canary):
+        raise StateError(
+            f"a canary is already live ({state.canary.release_id} at {state.canary_weight}%)",
+            hint="finish it first: 'llm-release canary promote' or 'llm-release canary rollback'",
+        )
+
+
+def _start_release(target: DeployTarget, public_name: str, role: str) -> Release:
+    release_id = f"{target.candidate}-{target.commit[:8]}-{time.strftime('%Y%m%d%H%M%S')}"
+    log_path = paths.home() / "servers" / f"{role}-{release_id}.log"
+    endpoint = start_detached(
+        target.model_dir,
+        [public_name, release_id],
+        target.serving,
+        log_path,
+        port=free_port(),
+        owner=Owner(role=role, release_id=release_id, candidate=target.candidate),
+    )
+    return Release(
+        release_id=release_id,
+        candidate=target.candidate,
+        scheme=target.scheme,
+        repo_id=target.repo_id,
+        commit=target.commit,
+        model_dir=str(target.model_dir),
+        public_name=public_name,
+        **_server_identity(endpoint),
+        log_path=str(log_path),
+        run_dir=str(target.run_dir) if target.run_dir else None,
+        serving=target.serving,
+    )
+
+
+def _restart(release: Release) -> Release:
+    # The registry is a file anyone with access to the home can edit: a restart serves a
+    # model and writes a log only under the home, where the pipeline put them.
+    home = paths.home()
+    for what, value in (("model_dir", release.model_dir), ("log_path", release.log_path)):
+        if not safety.within(home, value):
+            raise StateError(
+                f"{registry.registry_path()}: stable release {what} {value!r} is outside {home}",
+                hint="the registry was edited or comes from another home; restore it, or move "
+                "it aside to release from scratch",
+            )
+    endpoint = start_detached(
+        Path(release.model_dir),
+        [release.public_name, release.release_id],
+        release.serving,
+        Path(release.log_path),
+        port=free_port(),
+        owner=Owner(role="stable", release_id=release.release_id, candidate=release.candidate),
+    )
+    return release.model_copy(update=_server_identity(endpoint))
+
+
+def _slot(release: Release | None, weight: int) -> SlotTarget | None:
+    return SlotTarget("127.0.0.1", release.port, weight) if release else None
+
+
+def _apply(router: Router, state: RegistryState) -> None:
+    stable_weight = 100 - state.canary_weight if state.canary else 100
+    stable = _slot(state.stable, stable_weight)
+    canary = _slot(state.canary, state.canary_weight)
+    if router.running():
+        router.set_target("stable", stable)
+        router.set_target("canary", canary)
+    else:
+        router.start(stable, canary)
+    # Metrics follow the registry; a canary nobody can measure is not deployed.
+    prometheus.sync_targets(state, router.metrics_port)
+
+
+def _follow_metrics(state: RegistryState, router: Router) -> None:
+    """Best effort: a rollback or promotion never fails because Prometheus could not follow."""
+    try:
+        prometheus.sync_targets(state, router.metrics_port if router.running() else None)
+    except ReleaseError as exc:
+        logger.warning("Prometheus does not follow this change: %s", exc.one_line())
+
+
+def deploy(
+    stable_target: DeployTarget | None,
+    canary_target: DeployTarget | None,
+    *,
+    public_name: str,
+    canary_weight: int,
+    router_port: int | None = None,
+) -> RegistryState:
+    """Make sure a stable release serves, add the canary at ``canary_weight`` percent."""
+    with registry.locked() as state:
+        if state.canary is not None and release_alive(state.canary):
+            raise StateError(
+                f"a canary is already live ({state.canary.release_id})",
+                hint="'llm-release canary promote' or 'llm-release canary rollback' first",
+            )
+        state.canary = None
+        if router_port:
+            state.router_port = router_port
+        state.router_port = state.router_port or default_router_port()
+        started: list[Release] = []
+        try:
+            if state.stable is None:
+                if stable_target is None:
+                    raise StateError("there is no stable release and no baseline to make stable")
+                state.stable = _start_release(stable_target, public_name, "stable")
+                started.append(state.stable)
+                state.log("stable", release=state.stable.release_id)
+            elif not release_alive(state.stable):
+                state.stable = _restart(state.stable)
+                started.append(state.stable)
+            if canary_target is not None:
+                state.canary = _start_release(canary_target, public_name, "canary")
+                started.append(state.canary)
+                state.canary_weight = canary_weight
+            _apply(router_for(state), state)
+        except BaseException:
+            for release in started:
+                stop_release(release)
+            raise
+        if state.canary:
+            state.log("canary", release=state.canary.release_id, weight=canary_weight)
+        return state
+
+
+def running_requests(release: Release, timeout_s: float = 5) -> float | None:
+    """In-flight plus queued requests on a vLLM server, from its Prometheus metrics; None
+    when they cannot be read (no answer, an error status, a page that does not parse, or no
+    such gauge in the answer): an unreadable count is unknown, never 0."""
+    try:
+        response = requests.get(f"http://127.0.0.1:{release.port}/metrics", timeout=timeout_s)
+    except requests.RequestException:
+        return None
+    if response.status_code != 200:
+        return None
+    try:
+        counts = prometheus.scraped_values(response.text, IN_FLIGHT_GAUGES)
+    except ValueError:  # a page that does not parse counts nothing we can trust
+        return None
+    return sum(counts) if counts else None
+
+
+def _router_in_flight(router: Router | None, slot: str | None, port: int) -> int | None:
+    """HAProxy's requests in flight on ``slot``; 0 when no HAProxy runs (nothing can be in
+    flight through it); None when one runs but its runtime API does not answer."""
+    if router is None or slot is None or router.pid() is None:
+        return 0
+    try:
+        return router.in_flight(slot, port)
+    except (RouterError, OSError):
+        return None
+
+
+class DrainResult(BaseModel):
+    """How a server left: ``drained`` (both in-flight counts read 0, or it had exited),
+    ``busy`` (requests still in flight at the deadline) or ``unknown`` (a count could not be
+    read at the deadline: nobody confirmed the server was empty). It is stopped in every
+    case; only ``drained`` means no request was cut."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release_id: str
+    outcome: Literal["drained", "busy", "unknown"]
+    waited_s: float
+    router_in_flight: int | None = Field(description="HAProxy's last count; None: unreadable")
+    server_in_flight: float | None = Field(description="vLLM's last count; None: unreadable")
+    detail: str
+
+    @property
+    def confirmed_empty(self) -> bool:
+        return self.outcome == "drained"
+
+
+def _count(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:g}"
+
+
+def drain_and_stop(
+    release: Release,
+    timeout_s: float = 120,
+    *,
+    router: Router | None = None,
+    slot: str | None = None,
+) -> DrainResult:
+    """Stop ``release``'s server once nothing is in flight on it, and say how it went.
+
+    The caller took it out of the rotation first (``Router.drain``). Nothing in flight
+    means HAProxy's sessions on ``slot`` (a request it assigned but vLLM has not seen
+    yet) and vLLM's running + waiting requests (also those that came around the router)
+    both read 0. A count that cannot be read is unknown, not 0: the drain waits to its
+    deadline. After ``timeout_s`` the server is stopped all the same, and the result says
+    whether requests were still in flight (``busy``) or nobody could tell (``unknown``).
+    """
+    started = time.monotonic()
+    deadline = started + timeout_s
+    lb: int | None = None
+    vllm: float | None = None
+    while True:
+        if not release_alive(release):
+            outcome, detail = "drained", "its server had already exited"
+            break
+        lb = _router_in_flight(router, slot, release.port)
+        remaining = deadline - time.monotonic()
+        vllm = running_requests(release, timeout_s=min(5.0, max(0.5, remaining)))
+        if lb == 0 and vllm == 0:
+            outcome, detail = "drained", "HAProxy and the server counted no request in flight"
+            break
+        if time.monotonic() >= deadline:
+            outcome = "unknown" if lb is None or vllm is None else "busy"
+            counts = f"HAProxy {_count(lb)}, server {_count(vllm)}"
+            if outcome == "unknown":
+                detail = (
+                    f"could not confirm an empty server in {timeout_s:.0f} s ({counts}): "
+                    "stopped without knowing whether requests were cut"
+                )
+            else:
+                detail = f"requests still in flight after {timeout_s:.0f} s ({counts})"
+            logger.warning("%s: %s; stopping it all the same", release.release_id, detail)
+            break
+        time.sleep(DRAIN_POLL_S)
+    stop_release(release)
+    return DrainResult(
+        release_id=release.release_id,
+        outcome=outcome,
+        waited_s=round(time.monotonic() - started, 2),
+        router_in_flight=lb,
+        server_in_flight=vllm,
+        detail=detail,
+    )
+
+
+class RollbackResult(BaseModel):
+    """The rolled-back release and how its server left (``drain.confirmed_empty``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    release: Release
+    drain: DrainResult
+
+    @property
+    def release_id(self) -> str:
+        return self.release.release_id
+
+
+def rollback(drain_timeout_s: float = 120, reason: str | None = None) -> RollbackResult:
+    with registry.locked() as state:
+        if state.canary is None:
+            raise StateError(
+                "there is no canary to roll back",
+                hint="'llm-release canary status' shows the current releases",
+            )
+        router = router_for(state)
+        canary = state.canary
+        if router.running():
+            # Out of the rotation first: no new request reaches the canary from this
+            # instant on; the ones it has finish there.
+            router.drain("canary")
+            router.set_weight("canary", 0)
+            router.set_weight("stable", 100)
+        state.canary = None
+        state.canary_weight = 0
+        state.log("rollback", release=canary.release_id, reason=reason or "by hand")
+        _follow_metrics(state, router)
+    drain = drain_and_stop(canary, drain_timeout_s, router=router, slot="canary")
+    # The slot is parked under the lock, and only while no new canary took it: a release
+    # deployed during the drain owns the slot now, and HAProxy must agree with the registry.
+    with registry.locked() as state:
+        if not drain.confirmed_empty:
+            state.log(
+                "drain", release=canary.release_id, outcome=drain.outcome, detail=drain.detail
+            )
+        router = router_for(state)
+        if state.canary is None and router.running():
+            router.set_target("canary", None)
+    return RollbackResult(release=canary, drain=drain)
+
+
+def promote(drain_timeout_s: float = 120) -> Release:
+    with registry.locked() as state:
+        if state.canary is None:
+            raise StateError(
+                "there is no canary to promote",
+                hint="run a release first; 'llm-release canary status' shows state",
+            )
+        router = router_for(state)
+        old, new = state.stable, state.canary
+        if router.running():
+            # The new release takes every new request in the slot it serves from now; the
+            # old one leaves the rotation and finishes the requests it has. Re-pointing
+            # the stable slot at once would hide the old server's in-flight count.
+            router.set_weight("canary", 100)
+            if old is not None:
+                router.drain("stable")
+                router.set_weight("stable", 0)
+        state.stable, state.canary, state.canary_weight = new, None, 0
+        state.log("promote", release=new.release_id, replaced=old.release_id if old else None)
+        _follow_metrics(state, router)
+    drain = None
+    if old is not None:
+        drain = drain_and_stop(old, drain_timeout_s, router=router, slot="stable")
+    # Then the slots are made to agree with the registry (stable slot -> the new release
+    # before the canary slot is parked, so some server is always in the rotation), under
+    # the lock: a release deployed during the drain owns the canary slot.
+    with registry.locked() as state:
+        if drain is not None and not drain.confirmed_empty:
+            state.log("drain", release=drain.release_id, outcome=drain.outcome, detail=drain.detail)
+        router = router_for(state)
+        if router.running():
+            _apply(router, state)
+    return new
+
+
+def set_canary_weight(weight: int) -> RegistryState:
+    """Step the live canary to ``weight`` percent (1..99); the stable release gets the rest.
+
+    100 is ``promote()`` and 0 is ``rollback()``: both take a server out, so neither is a
+    weight step. Weights change in HAProxy without touching a connection.
+    """
+    if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 99:
+        raise ConfigError(
+            f"canary weight {weight!r} is out of range",
+            hint="pass 1..99; 100 is 'llm-release canary promote', 0 is "
+            "'llm-release canary rollback'",
+        )
+    with registry.locked() as state:
+        if state.canary is None or not release_alive(state.canary):
+            raise StateError(
+                "there is no live canary to weigh",
+                hint="run a release first; 'llm-release canary status' shows the releases",
+            )
+        previous = state.canary_weight
+        state.canary_weight = weight
+        router = router_for(state)
+        if router.running():
+            router.set_weight("canary", weight)
+            router.set_weight("stable", 100 - weight)
+        else:
+            _apply(router, state)
+        state.log(
+            "canary_weight", release=state.canary.release_id, weight=weight, previous=previous
+        )
+        return state
+
+
+def status() -> dict:
+    state = registry.load()
+    router = router_for(state)
+    running = router.running()
+    stats = router.stats() if running else {}
+    releases = []
+    for role, release in (("stable", state.stable), ("canary", state.canary)):
+        if release is None:
+            continue
+        row = stats.get(role, {})
+        releases.append(
+            {
+                "role": role,
+                "release_id": release.release_id,
+                "candidate": release.candidate,
+                "scheme": release.scheme,
+                "repo_id": release.repo_id,
+                "commit": release.commit,
+                "backend_url": f"http://127.0.0.1:{release.port}",
+                "process_alive": release_alive(release),
+                "weight": int(row["weight"]) if row.get("weight") else None,
+                "requests": int(row["stot"]) if row.get("stot") else 0,
+                "health": row.get("status"),
+            }
+        )
+    return {
+        "lb_url": router.url,
+        # The project's own key: the loopback listener takes it (the demo's key).
+        "api_key_file": str(router.api_key_path),
+        "router_running": running,
+        "canary_weight": state.canary_weight if state.canary else 0,
+        "releases": releases,
+        # The canary's walk: its step and the last analysis window's verdict.
+        "rollout": state.rollout.model_dump(mode="json") if state.rollout else None,
+        "history": state.history[-10:],
+    }
+
+
+def down(problems: list[str] | None = None) -> list[str]:
+    """Stop every server the project started and the router; keep the records.
+
+    The registry's servers are stopped only if they are still the recorded processes. A
+    registry that cannot be read stops nothing less: its problem goes to ``problems`` (or
+    is raised after the stopping when no list is given), and the servers are found by
+    their command lines under the project home.
+    """
+    stopped = []
+    error: ReleaseError | None = None
+    try:
+        state = registry.load()
+    except StateError as exc:
+        error, state = exc, RegistryState()
+    for release in (state.canary, state.stable):
+        if release is not None and stop_release(release):
+            server = (
+                f"container {release.container[:12]}" if release.container else f"pid {release.pid}"
+            )
+            stopped.append(f"vLLM {release.release_id} ({server})")
+    if router_for(state).stop():
+        stopped.append("HAProxy")
+    # Its data stays under the home: the next release adds to the same history.
+    if prometheus.for_home().stop():
+        stopped.append("Prometheus")
+    for pid in processes.under_home(paths.home()):
+        if stop_process_group(pid, grace_s=10):
+            stopped.append(f"unrecorded server (pid {pid})")
+    # Containers labelled with this project and home, recorded or not (none without Docker).
+    stopped += backends.sweep_containers(paths.home(), everything=True)
+    if error is not None:
+        if problems is None:
+            raise error
+        problems.append(error.one_line())
+    return stopped

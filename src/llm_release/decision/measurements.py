@@ -1,0 +1,106 @@
+"""What a measurement depends on, and the store that lets the champion's be reused.
+
+A candidate's scores and load figures are comparable with another run's only when nothing
+they depend on changed: the artifact's bytes, the eval sets (version, task and data), the
+decoding parameters, the evaluation and load settings, the serving settings, the library
+and runtime versions, and the host. The fingerprint hashes all of these; the store keeps
+every measured result under its fingerprint, so the release serving users (the champion)
+is measured again only when one of them changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib.metadata import version
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from llm_release import paths
+from llm_release.config import EvalConfig, LoadProfile, ServingConfig
+from llm_release.evaluation.evalsets import load_eval_set
+from llm_release.evaluation.evaluate import load_decoding
+from llm_release.fileio import atomic_write_json, sha256_file
+from llm_release.quantization.quantize import _model_fingerprint
+from llm_release.results import CandidateResult
+from llm_release.serving.probe import HostSupport
+
+
+def eval_sets_fingerprint(names: list[str]) -> dict[str, dict]:
+    """Per set: its version and the hashes of the files that define its items and prompts."""
+    out = {}
+    for name in names:
+        eval_set = load_eval_set(name)
+        files = sorted(p for p in eval_set.directory.glob("*") if p.suffix in {".yaml", ".jsonl"})
+        out[name] = {
+            "version": (eval_set.task.get("metadata") or {}).get("version"),
+            "files": {p.name: sha256_file(p) for p in files},
+        }
+    defaults = paths.eval_sets_dir() / "defaults.yaml"
+    if defaults.exists():
+        out["_defaults"] = {"files": {"defaults.yaml": sha256_file(defaults)}}
+    return out
+
+
+def _canonical(model: BaseModel, exclude: set[str] | None = None) -> dict:
+    """The settings as they read back from a file: a default written as ``4`` for a float
+    field is ``4.0`` once a release record is loaded, and a champion's settings come from
+    its record (a missed reuse, seen when ``shm_size_gib`` got its default)."""
+    again = type(model).model_validate_json(model.model_dump_json())
+    return again.model_dump(mode="json", exclude=exclude)
+
+
+def fingerprint(
+    model_dir: Path,
+    serving: ServingConfig,
+    evaluation: EvalConfig,
+    load: LoadProfile,
+    host: HostSupport,
+) -> str:
+    parts = {
+        "model": _model_fingerprint(Path(model_dir)),
+        "eval_sets": eval_sets_fingerprint(evaluation.eval_sets),
+        "decoding": load_decoding(),
+        "evaluation": _canonical(evaluation),
+        "load": _canonical(load),
+        "serving": _canonical(serving, exclude={"startup_timeout_s"}),
+        "libraries": {
+            "lm_eval": version("lm_eval"),
+            "guidellm": version("guidellm"),
+            "vllm": host.runtime.vllm,
+            "torch": host.runtime.torch,
+        },
+        "host": host.host.key(),
+    }
+    if serving.backend == "docker":
+        from llm_release.serving.backends.docker import host_settings
+
+        # The operator's image, shared memory and IPC namespace (LLM_RELEASE_DOCKER_*).
+        parts["docker"] = host_settings().model_dump()
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _path(fp: str) -> Path:
+    return paths.home() / "measurements" / f"{fp[:32]}.json"
+
+
+def save(result: CandidateResult, run_id: str) -> None:
+    """Keep a complete measurement for later runs (a failed one is never reused)."""
+    if result.status != "measured" or not result.fingerprint or result.reused_from:
+        return
+    atomic_write_json(
+        _path(result.fingerprint), {"run_id": run_id, "result": result.model_dump(mode="json")}
+    )
+
+
+def find(fp: str) -> tuple[CandidateResult, str] | None:
+    """A stored measurement with this exact fingerprint, and the run that made it."""
+    try:
+        stored = json.loads(_path(fp).read_text())
+        result = CandidateResult.model_validate(stored["result"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or unreadable: measure again rather than trust it
+    if result.fingerprint != fp:
+        return None
+    return result, str(stored.get("run_id"))

@@ -1,0 +1,334 @@
+"""Load test: GuideLLM against a candidate endpoint, one concurrency level at a time; and
+goodput, the load the candidate serves within the SLO.
+
+Goodput is the highest load level (concurrent streams) whose TTFT p95, ITL p95 and error
+rate meet the SLO, every lower measured level meeting it too; the output tokens/s measured
+at that level breaks a tie. It is read from the percentiles GuideLLM reports, for the levels
+the load profile runs (what the host can afford), and it is what ranks the candidates
+(select) and the tuner's settings (tune) alike. GuideLLM is also given the SLO (its
+``--metrics`` ``slo``: ``ttft_ms``, and ``tpot_ms``, which it compares with each request's
+inter-token latency) and reports per level the share of requests that met it and the
+requests/s that did (``slo_attainment``, ``request_goodput``): the report shows both.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from llm_release.config import Gates, LoadProfile
+from llm_release.errors import LoadTestError
+from llm_release.hub.credentials import child_env
+from llm_release.results import Goodput, LoadLevel, LoadResult, Slo
+
+if TYPE_CHECKING:
+    from guidellm.benchmark.schemas.benchmark import GenerativeBenchmark
+    from guidellm.benchmark.schemas.report import GenerativeBenchmarksReport
+    from guidellm.schemas import StatusDistributionSummary
+
+log = logging.getLogger(__name__)
+
+
+def backend_arg(base_url: str, served_name: str, request_body: dict | None = None) -> str:
+    """GuideLLM's ``--backend``; with ``request_body`` (the thinking switch of a reasoning
+    model) as JSON, whose ``extras.body`` GuideLLM's openai_http backend merges into every
+    request's body (guidellm/schemas/backends/openai_http.py, ``extras``)."""
+    if not request_body:
+        return f"kind=openai_http,target={base_url},model={served_name}"
+    backend = {"kind": "openai_http", "target": base_url, "model": served_name}
+    return json.dumps(backend | {"extras": {"body": request_body}})
+
+
+def slo_for(gates: Gates, itl_p95_ms: float | None = None) -> Slo:
+    """The gates' SLO: TTFT p95 and the error ceiling, and ITL p95 (``itl_p95_ms``, e.g. the
+    tuner's own, replaces the gates' ITL ceiling)."""
+    return Slo(
+        ttft_p95_ms=gates.ttft_p95_slo_s * 1000,
+        itl_p95_ms=itl_p95_ms or gates.itl_p95_slo_ms,
+        max_error_rate=gates.max_error_rate,
+    )
+
+
+def level_verdict(level: LoadLevel, slo: Slo) -> str | None:
+    """None when the level meets the SLO, else what broke it."""
+    if level.requests == 0:
+        return "no request completed"
+    if level.error_rate > slo.max_error_rate:
+        return f"error rate {level.error_rate:.1%} > {slo.max_error_rate:.1%}"
+    if level.ttft_p95_ms > slo.ttft_p95_ms:
+        return f"TTFT p95 {level.ttft_p95_ms:.0f} ms > {slo.ttft_p95_ms:.0f} ms"
+    if level.itl_p95_ms > slo.itl_p95_ms:
+        return f"ITL p95 {level.itl_p95_ms:.0f} ms > {slo.itl_p95_ms:.0f} ms"
+    return None
+
+
+def goodput(levels: list[LoadLevel], slo: Slo) -> Goodput:
+    """The highest measured level that meets ``slo`` with every lower measured level meeting
+    it too, its output tokens/s, and why each failing level failed."""
+    out = Goodput()
+    for level in sorted(levels, key=lambda lv: lv.concurrency):
+        why = level_verdict(level, slo)
+        if why:
+            out.failures[level.concurrency] = why
+        elif not out.failures:
+            out.concurrency = level.concurrency
+            out.output_tokens_per_s = level.output_tokens_per_s
+    return out
+
+
+def slo_metrics(slo: Slo | None) -> list[str]:
+    """GuideLLM's own goodput accounting (``--metrics`` with an ``slo``): per level, the share
+    of requests within the SLO and their rate."""
+    if slo is None:
+        return []
+    objectives = {"ttft_ms": slo.ttft_p95_ms, "tpot_ms": slo.itl_p95_ms}
+    return ["--metrics", json.dumps({"kind": "generative", "slo": objectives})]
+
+
+def build_command(
+    base_url: str,
+    served_name: str,
+    tokenizer_dir: Path,
+    profile: LoadProfile,
+    output_path: Path,
+    request_body: dict | None = None,
+    *,
+    slo: Slo | None = None,
+) -> list[str]:
+    streams = ",".join(str(c) for c in profile.concurrencies)
+    return [
+        sys.executable,
+        "-m",
+        "guidellm",
+        "run",
+        "--backend",
+        backend_arg(base_url, served_name, request_body),
+        "--tokenizer",
+        f"kind=hf_auto,model={tokenizer_dir}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={profile.prompt_tokens},"
+        f"output_tokens={profile.output_tokens}",
+        "--profile",
+        f"kind=concurrent,streams={profile.concurrencies[0]}",
+        "--override",
+        "profile.streams",
+        streams,
+        "--constraint",
+        f"kind=max_requests,count={profile.requests_per_level}",
+        "--constraint",
+        f"kind=max_duration,seconds={profile.max_seconds_per_level}",
+        *slo_metrics(slo),
+        "--output",
+        f"kind=json,path={output_path}",
+    ]
+
+
+def _optional(value) -> float | None:
+    return None if value is None else float(value)
+
+
+def read_report(path: Path) -> GenerativeBenchmarksReport:
+    """GuideLLM's JSON report, read by GuideLLM's own report model (``load_file``)."""
+    # Imported here: GuideLLM is the pipeline extra, and importing it takes seconds.
+    from guidellm.benchmark.schemas.report import GenerativeBenchmarksReport
+    from pydantic import ValidationError
+
+    try:
+        return GenerativeBenchmarksReport.load_file(path)
+    except (ValidationError, ValueError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise LoadTestError(
+            f"{path} is not a GuideLLM report this GuideLLM reads ({first})",
+            hint="run the load test again; a report from another GuideLLM version is not read",
+        ) from None
+
+
+def _stat(metric: StatusDistributionSummary, key: str, status: str = "successful") -> float:
+    summary = getattr(metric, status)
+    if summary is None:
+        return 0.0
+    value = (
+        getattr(summary, key) if key in ("mean", "median") else getattr(summary.percentiles, key)
+    )
+    return float(value or 0.0)
+
+
+def _stopped_by_time(bench: GenerativeBenchmark) -> bool:
+    state = bench.scheduler_state
+    return any(
+        "max_duration" in constraints
+        for constraints in (state.end_queuing_constraints, state.end_processing_constraints)
+    )
+
+
+def parse_report(report: GenerativeBenchmarksReport, requests_planned: int = 0) -> list[LoadLevel]:
+    """One LoadLevel per benchmark (concurrency level) of GuideLLM's report."""
+    levels = []
+    for bench in report.benchmarks:
+        strategy = bench.config.strategy
+        metrics = bench.metrics
+        totals = metrics.request_totals
+        done = int(totals.successful or 0)
+        errors = int(totals.errored or 0) + int(totals.incomplete or 0)
+        total = max(done + errors, 1)
+        goodput = metrics.request_goodput.successful if metrics.request_goodput else None
+        levels.append(
+            LoadLevel(
+                concurrency=int(
+                    getattr(strategy, "streams", None)
+                    or getattr(strategy, "max_concurrency", None)
+                    or 0
+                ),
+                requests=done + errors,
+                requests_planned=requests_planned,
+                time_limited=_stopped_by_time(bench),
+                errors=errors,
+                error_rate=errors / total,
+                ttft_p50_ms=_stat(metrics.time_to_first_token_ms, "p50"),
+                ttft_p95_ms=_stat(metrics.time_to_first_token_ms, "p95"),
+                itl_p50_ms=_stat(metrics.inter_token_latency_ms, "p50"),
+                itl_p95_ms=_stat(metrics.inter_token_latency_ms, "p95"),
+                output_tokens_per_s=_stat(metrics.output_tokens_per_second, "mean", "total"),
+                requests_per_s=_stat(metrics.requests_per_second, "mean", "total"),
+                slo_attainment=_optional(metrics.slo_attainment),
+                goodput_rps=_optional(goodput.mean if goodput else None),
+            )
+        )
+    return levels
+
+
+def short_levels(levels: list[LoadLevel]) -> list[int]:
+    """Levels that recorded fewer requests than planned although no time limit stopped them.
+
+    GuideLLM 0.8.1 can close a level while requests are still queued when they finish in
+    tens of milliseconds (a race in its scheduler); such a level measured less than it was
+    asked to and is run again.
+    """
+    return [
+        lv.concurrency for lv in levels if lv.requests < lv.requests_planned and not lv.time_limited
+    ]
+
+
+# GuideLLM's error when a level ended with no request measured (guidellm/benchmark/schemas/
+# metrics.py, GenerativeMetrics.compile).
+NOTHING_MEASURED = "No measurement start or end times available"
+
+
+def _run_guidellm(
+    base_url: str,
+    served_name: str,
+    tokenizer_dir: Path,
+    profile: LoadProfile,
+    report_path: Path,
+    log_path: Path,
+    request_body: dict | None = None,
+    *,
+    slo: Slo | None = None,
+) -> list[LoadLevel]:
+    cmd = build_command(
+        base_url, served_name, tokenizer_dir, profile, report_path, request_body, slo=slo
+    )
+    env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
+    budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
+    with log_path.open("wb") as log_file:
+        try:
+            proc = subprocess.run(
+                cmd,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=budget,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise LoadTestError(f"GuideLLM ran longer than {budget:.0f}s; see {log_path}") from exc
+    if proc.returncode != 0 and NOTHING_MEASURED in log_path.read_text(errors="replace"):
+        # GuideLLM 0.8.1 closed a level before any request of it was recorded and then fails
+        # compiling that level's metrics (seen at 2 requests a level with two test workers
+        # sharing 2 cores): the same as a level closed early, so it is run again.
+        log.warning("%s: GuideLLM recorded no request of a level (%s)", served_name, log_path)
+        return []
+    if proc.returncode != 0 or not report_path.exists():
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
+        raise LoadTestError(f"GuideLLM exited with {proc.returncode}; log tail:\n{tail}")
+    levels = parse_report(read_report(report_path), profile.requests_per_level)
+    if not levels:
+        raise LoadTestError(f"GuideLLM wrote no benchmark into {report_path}")
+    return levels
+
+
+def run_load_test(
+    base_url: str,
+    served_name: str,
+    tokenizer_dir: Path,
+    profile: LoadProfile,
+    out_dir: Path,
+    max_attempts: int = 3,
+    request_body: dict | None = None,
+    *,
+    slo: Slo | None = None,
+) -> LoadResult:
+    """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
+    times in all, and the fullest measurement of each level is kept. ``request_body``:
+    fields every request carries (``reasoning.request_body``: the thinking switch). With
+    ``slo``, GuideLLM also reports each level's SLO attainment and request goodput."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    measured: dict[int, LoadLevel] = {}
+    pending = list(profile.concurrencies)
+    attempt = 0
+    while pending and attempt < max_attempts:
+        attempt += 1
+        suffix = "" if attempt == 1 else f"-attempt{attempt}"
+        sweep = profile.model_copy(update={"concurrencies": pending})
+        for level in _run_guidellm(
+            base_url,
+            served_name,
+            tokenizer_dir,
+            sweep,
+            out_dir / f"guidellm{suffix}.json",
+            out_dir / f"guidellm{suffix}.log",
+            request_body=request_body,
+            slo=slo,
+        ):
+            kept = measured.get(level.concurrency)
+            if kept is None or level.requests > kept.requests:
+                measured[level.concurrency] = level
+        missing = [c for c in pending if c not in measured]
+        pending = sorted(missing + short_levels([measured[c] for c in pending if c in measured]))
+        if pending and attempt < max_attempts:
+            log.warning(
+                "%s: GuideLLM closed concurrency %s before all %d requests were recorded; "
+                "running %s again",
+                served_name,
+                pending,
+                profile.requests_per_level,
+                "it" if len(pending) == 1 else "them",
+            )
+    never = [c for c in profile.concurrencies if c not in measured]
+    if never:
+        raise LoadTestError(
+            f"GuideLLM reported no benchmark for concurrency {never} in {attempt} runs; "
+            f"see the guidellm*.log files in {out_dir}"
+        )
+    levels = sorted(measured.values(), key=lambda lv: lv.concurrency)
+    notes = [
+        f"concurrency {lv.concurrency}: {lv.requests} of {lv.requests_planned} requests "
+        + (
+            "(stopped by max_seconds_per_level)"
+            if lv.time_limited
+            else f"(GuideLLM closed the level early in each of {attempt} runs)"
+        )
+        for lv in levels
+        if lv.requests < lv.requests_planned
+    ]
+    return LoadResult(
+        levels=levels,
+        report_path=str(out_dir / "guidellm.json"),
+        attempts=attempt,
+        notes=notes,
+        slo=slo,
+    )

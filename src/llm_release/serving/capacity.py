@@ -1,0 +1,173 @@
+"""Sizing in the release: the planner before any download, and vLLM's own numbers after
+every start, side by side.
+
+Before the download, the repo's config and shard headers (range requests, no weights) are
+planned for the release's serving settings on this host; a setting that cannot hold one
+sequence of ``max_model_len`` (what vLLM itself refuses at start) stops the release with
+the planner's verdict, which names the number that breaks. After each server starts, the
+planner's KV-cache tokens and maximum concurrency for that candidate's own folder are
+recorded next to what vLLM logged (``vllm_report``), so every report shows the error.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from llm_release import sizing as planner
+from llm_release.config import ReleaseConfig, ServingConfig
+from llm_release.errors import ConfigError, ReleaseError
+from llm_release.hardware import Hardware
+from llm_release.hub import hub_headers, local_source
+from llm_release.hub.credentials import HubToken
+from llm_release.quantization import recipes
+from llm_release.serving.dtype import served_dtype
+from llm_release.sizing import corrections
+from llm_release.sizing.vllm_report import KvCheck, check_plan, parse_vllm_kv_report
+
+log = logging.getLogger(__name__)
+
+
+def _gpu_memory_gib() -> float:
+    from llm_release.hardware import ASSUMED_GPU_MEMORY_GIB, gpu_memory_gib
+
+    return gpu_memory_gib() or ASSUMED_GPU_MEMORY_GIB
+
+
+def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.PlanRequest:
+    request = planner.request_for_serving(
+        serving,
+        device="gpu" if host.cuda else "cpu",
+        gpu_memory_gib=_gpu_memory_gib() if host.cuda else 80.0,
+        dtype=dtype,
+    )
+    # what earlier starts of this vLLM version taught about its non-KV memory
+    return corrections.apply(request, corrections.runtime_vllm_version())
+
+
+def plan_release(
+    config: ReleaseConfig, host: Hardware, files: hub_headers.ModelFiles
+) -> planner.CapacityPlan:
+    """The plan for the release's serving settings; raises when one sequence cannot fit."""
+    dtype = served_dtype(config.serving.dtype, host, files.config)
+    result = planner.plan(
+        planner.parse_config(files.config),
+        planner.weights_from_tensors(files.tensors),
+        _request(config.serving, host, dtype),
+        model=config.source.repo_id,
+    )
+    if not result.fits:
+        raise ConfigError(
+            f"the serving settings cannot fit {config.source.repo_id} on this host: {result.verdict}",
+            hint="change serving.max_model_len, serving.cpu_kvcache_space_gib or "
+            "gpu_memory_utilization as the plan suggests ('llm-release plan' shows the table)",
+        )
+    # A W4A16 group size that does not divide a layer fails here, before the download.
+    recipes.check_candidates(config.candidates, files.config)
+    return result
+
+
+def read_release_model(
+    config: ReleaseConfig, token: HubToken | None = None
+) -> hub_headers.ModelFiles:
+    """Config and shard headers of the release's model without its weights, from a local
+    folder, a Hugging Face hub or ModelScope (its file API, by range requests alike).
+    ``token`` (a block's) goes to its own endpoint only; without one,
+    ``credentials.token_for`` decides (read_hub)."""
+    source = config.source
+    if source.hub == "local":
+        # Only from a folder under the operator's roots, every file inside them (links too).
+        return hub_headers.read_local(local_source.checked_folder(source.local_path or ""))
+    return hub_headers.read_hub(
+        source.repo_id,
+        revision=source.revision,
+        endpoint=source.endpoint,
+        token=token,
+        hub=source.hub,
+    )
+
+
+def kv_check(
+    model_dir: Path, serving: ServingConfig, host: Hardware, log_text: str
+) -> KvCheck | None:
+    """The planner for this folder and settings next to what vLLM reported at start."""
+    report = parse_vllm_kv_report(log_text)
+    if report is None:
+        return None
+    try:
+        result = plan_for_dir(model_dir, serving, host)
+    except (ReleaseError, ValueError, KeyError) as exc:
+        log.warning("no planner figure for %s: %s", model_dir, exc)
+        return None
+    option = result.options[0]
+    factor = result.request.non_kv_overhead_factor
+    return check_plan(
+        option.kv_cache_tokens,
+        option.max_concurrency,
+        report,
+        # the raw estimate: what a correction is learned against
+        overhead_bytes=int(option.overhead_per_gpu_bytes / factor),
+        kv_memory_bytes=option.kv_memory_per_gpu_bytes,
+    )
+
+
+def plan_for_dir(
+    model_dir: Path,
+    serving: ServingConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles | None = None,
+) -> planner.CapacityPlan:
+    """The planner for a local model folder served with ``serving`` on ``host``. A folder with
+    a config and no weight shards (a full-size shape served with ``--load-format dummy``) is
+    sized from the config's parameter count in its own dtype."""
+    if files is None:
+        folder = Path(model_dir)
+        has_weights = (folder / "model.safetensors").is_file() or (
+            folder / "model.safetensors.index.json"
+        ).is_file()
+        files = (
+            hub_headers.read_local(folder)
+            if has_weights
+            or not (folder / "config.json").is_file()
+            or (folder / "config.json").stat().st_size > planner.MAX_CONFIG_BYTES
+            else hub_headers.ModelFiles(
+                source="local (config only)",
+                config=planner.load_config_json((folder / "config.json").read_bytes()),
+                tensors={},
+                shards=[],
+            )
+        )
+    dtype = served_dtype(serving.dtype, host, files.config)
+    arch = planner.parse_config(files.config)
+    weights = (
+        planner.weights_from_tensors(files.tensors)
+        if files.tensors
+        else planner.estimate_weights(arch, "bf16")
+    )
+    return planner.plan(arch, weights, _request(serving, host, dtype))
+
+
+def resolve_batch(model_dir: Path, serving: ServingConfig, host: Hardware) -> ServingConfig:
+    """``serving.max_num_seqs`` made concrete when the config leaves it to the plan: on a GPU
+    the sequences of max_model_len the planner's KV cache holds on this GPU, at most vLLM's
+    own default (1024 on a GPU of >= 70 GiB), so the server never queues what it could hold;
+    on a CPU the demo host's 16. An explicit value is kept."""
+    from llm_release.config import CPU_MAX_NUM_SEQS, GPU_MAX_NUM_SEQS_CAP
+
+    if serving.max_num_seqs is not None:
+        return serving
+    seqs = CPU_MAX_NUM_SEQS
+    if host.cuda:
+        try:
+            option = plan_for_dir(model_dir, serving.model_copy(update={"max_num_seqs": 1}), host)
+        except (ReleaseError, ValueError, KeyError) as exc:
+            log.warning("max_num_seqs: no plan for %s (%s); vLLM's default is used", model_dir, exc)
+            option = None
+        fitting = option.options[0] if option and option.options else None
+        seqs = (
+            max(1, min(GPU_MAX_NUM_SEQS_CAP, int(fitting.max_concurrency)))
+            if fitting and fitting.max_concurrency >= 1
+            else GPU_MAX_NUM_SEQS_CAP
+        )
+        log.info("max_num_seqs %d from the plan for %s", seqs, model_dir)
+    return serving.model_copy(update={"max_num_seqs": seqs})

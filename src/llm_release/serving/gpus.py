@@ -1,0 +1,188 @@
+"""Which GPUs each running server of the project holds, so that no two servers share one.
+
+A JSON ledger under the project home, changed under an exclusive file lock. A server
+claims its GPUs before it starts (holder: its name; identity: the claiming pipeline
+process until the server's own pid or container is bound to the claim) and gives them
+back when it stops. A claim whose holder no longer runs — a killed pipeline, a server
+that died, a container removed by hand — is dropped at the next claim, so a crash never
+locks a GPU away for good.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llm_release import paths
+from llm_release.config import ServingConfig
+from llm_release.errors import ServeError
+from llm_release.fileio import locked_json
+from llm_release.serving import processes
+from llm_release.serving.backends.docker_client import container_running
+
+log = logging.getLogger(__name__)
+
+
+class Claim(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    holder: str
+    gpus: list[int]
+    backend: Literal["process", "docker"] = "process"
+    # Who holds the GPUs: a process (pid and start time) or a container (id).
+    pid: int | None = None
+    pid_started: float | None = None
+    container: str | None = None
+
+
+class Ledger(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    claims: list[Claim] = Field(default_factory=list)
+
+    def held(self) -> dict[int, str]:
+        return {gpu: c.holder for c in self.claims for gpu in c.gpus}
+
+
+def ledger_path() -> Path:
+    return paths.home() / "gpus.json"
+
+
+def host_gpus() -> list[int]:
+    """The indices of this host's NVIDIA GPUs (none without ``nvidia-smi``)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return sorted(int(line) for line in out.split() if line.strip().isdigit())
+
+
+def choose(
+    wanted: Literal["auto", "all"] | int | list[int],
+    tensor_parallel_size: int,
+    host: list[int],
+    held: dict[int, str],
+) -> list[int]:
+    """The GPUs a new server gets: ``wanted`` out of ``host``, none of those in ``held``
+    (GPU index → the server holding it). Raises naming the holders when they do not fit."""
+    free = [g for g in host if g not in held]
+
+    def refuse(what: str, busy: list[int]) -> ServeError:
+        holders = ", ".join(f"GPU {g}: {held[g]}" for g in busy) or "none"
+        return ServeError(
+            f"{what}; GPUs on this host: {host or 'none'}, held by running servers: {holders}",
+            hint="wait for a running candidate to finish, roll back or promote the canary, "
+            "lower serving.gpus / tensor_parallel_size, or run 'llm-release down' when the "
+            "holders are gone",
+        )
+
+    if wanted == "all":
+        busy = [g for g in host if g in held]
+        if busy or not host:
+            raise refuse("serving.gpus 'all' needs every GPU of the host free", busy)
+        return list(host)
+    if isinstance(wanted, list):
+        unknown = [g for g in wanted if g not in host]
+        if unknown:
+            raise refuse(f"serving.gpus names GPU(s) {unknown} this host does not have", [])
+        busy = [g for g in wanted if g in held]
+        if busy:
+            raise refuse(f"serving.gpus {wanted}: GPU(s) {busy} are held", busy)
+        return sorted(wanted)
+    count = tensor_parallel_size if wanted == "auto" else wanted
+    if count > len(free):
+        raise refuse(
+            f"{count} free GPU(s) needed (tensor_parallel_size {tensor_parallel_size}), "
+            f"{len(free)} free",
+            sorted(held),
+        )
+    return free[:count]
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[Ledger]:
+    path = ledger_path()
+
+    def load() -> Ledger:
+        try:
+            return Ledger.model_validate_json(path.read_bytes()) if path.exists() else Ledger()
+        except ValueError:
+            # The ledger only prevents collisions between live servers: a corrupt one is
+            # rebuilt from nothing rather than blocking every start.
+            log.warning("%s is corrupt; starting a new GPU ledger", path)
+            return Ledger()
+
+    with locked_json(path, load) as ledger:
+        yield ledger
+
+
+def claim_alive(claim: Claim) -> bool:
+    """The claim's holder still runs: its process (pid and start time), or its container."""
+    if claim.container:
+        return container_running(claim.container)
+    if claim.pid is None:
+        return False
+    return processes.is_same(claim.pid, claim.pid_started)
+
+
+def claim(
+    holder: str,
+    serving: ServingConfig,
+    host: list[int],
+    *,
+    backend: Literal["process", "docker"] = "process",
+    alive: Callable[[Claim], bool] = claim_alive,
+) -> list[int]:
+    """Reserve GPUs for ``holder`` (held by this process until ``bind``); [] without GPUs."""
+    if not host:
+        return []
+    with _locked() as ledger:
+        ledger.claims = [c for c in ledger.claims if c.holder != holder and alive(c)]
+        chosen = choose(serving.gpus, serving.tensor_parallel_size, host, ledger.held())
+        me = os.getpid()
+        ledger.claims.append(
+            Claim(
+                holder=holder,
+                gpus=chosen,
+                backend=backend,
+                pid=me,
+                pid_started=processes.start_time(me),
+            )
+        )
+    return chosen
+
+
+def bind(
+    holder: str,
+    *,
+    pid: int | None = None,
+    pid_started: float | None = None,
+    container: str | None = None,
+) -> None:
+    """The running server holds the claim from now on (it outlives the pipeline process)."""
+    if not ledger_path().exists():
+        return
+    with _locked() as ledger:
+        for c in ledger.claims:
+            if c.holder == holder:
+                c.pid, c.pid_started, c.container = pid, pid_started, container
+
+
+def give_back(holder: str) -> None:
+    if not ledger_path().exists():
+        return
+    with _locked() as ledger:
+        ledger.claims = [c for c in ledger.claims if c.holder != holder]

@@ -1,0 +1,559 @@
+"""Run one vLLM OpenAI-compatible server per candidate or release.
+
+``Server`` is the endpoint contract (readiness, log tail and likely cause, stop); the
+process backend (``VllmServer``, a process of the serving virtualenv) lives here, the
+docker backend in ``backends/docker.py``. ``make_server`` picks one by
+``serving.backend``; the rest of the pipeline never knows which one runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from llm_release import hardware, paths
+from llm_release.config import ServingConfig
+from llm_release.errors import ConfigError, ServeError
+from llm_release.hub.credentials import child_env
+from llm_release.serving import gpus, processes, reasoning
+from llm_release.serving.capacity import resolve_batch
+from llm_release.serving.dtype import served_dtype
+from llm_release.serving.serving_flags import check_serving_args
+
+LOG_TAIL_LINES = 40
+
+# (pattern in the server log, what it most likely means)
+LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
+    (
+        # vLLM CPU 0.32's AVX2 library has no W4A16 kernel: healthy, then dead at request one.
+        re.compile(r"'_OpNamespace' '_C' object has no attribute '\w+'|has no attribute 'cpu_\w+'"),
+        "this vLLM build has no kernel for this quantization scheme on this processor",
+    ),
+    (
+        # vLLM CPU 0.32 on a quantized Qwen3-MoE: "Unsupported FP8 MoE backend: NONE", "No
+        # WNA16 MoE backend supports the deployment configuration".
+        # (the backend's name, not the "{fp8_backend.value}" of the traceback's source line)
+        re.compile(r"Unsupported \w+ MoE backend: [A-Z_]+|No [\w ]+ MoE backend supports[^\n]*"),
+        "this vLLM build has no mixture-of-experts kernel for this quantization scheme here",
+    ),
+    (
+        re.compile(r"(?i)out of memory|CUDA error: out of memory|Cannot allocate memory"),
+        "out of memory: lower max-model-len / max-num-seqs, or the KV-cache size",
+    ),
+    (
+        re.compile(
+            r"(?i)No available memory for the cache blocks|KV cache.*(insufficient|larger)"
+            r"|is larger than the maximum number of tokens that can be stored"
+        ),
+        "KV cache too small for max-model-len: raise the KV-cache size or lower max-model-len",
+    ),
+    (
+        re.compile(
+            r"(?i)error: unrecognized arguments|error: argument|invalid choice|"
+            r"invalid (int|float) value"
+        ),
+        "bad vLLM arguments: check serving.extra_args and the other serving settings",
+    ),
+    (re.compile(r"(?i)Address already in use"), "the port is taken: pick another port"),
+    (
+        re.compile(r"(?i)No such file or directory.*config\.json|does not appear to have a file"),
+        "the model directory is incomplete: re-run acquire/quantize",
+    ),
+]
+
+
+def likely_cause(log_text: str) -> str:
+    for pattern, cause in LIKELY_CAUSES:
+        if pattern.search(log_text):
+            return cause
+    return "see the log tail below"
+
+
+def diagnose(log_text: str) -> str:
+    """The likely cause, with the log line that shows it (it is often far above the tail)."""
+    for pattern, cause in LIKELY_CAUSES:
+        match = pattern.search(log_text)
+        if match:
+            return f"{cause} (log: {match.group(0)!r})"
+    return "see the log tail below"
+
+
+# Ports for servers started later are picked below the kernel's ephemeral range: a port
+# from inside it can be taken, between the pick and the server's bind, by the local end of
+# any outgoing connection (CI, 2026-12-01: a Prometheus could not bind the port picked for
+# it 80 s earlier, "address already in use", while the other pytest worker ran a load test).
+PORT_FLOOR = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _bindable(port: int) -> bool:
+    # The wildcard address: also refused when a server holds the port on 127.0.0.1 only.
+    with socket.socket() as sock:
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(*, attempts: int = 64) -> int:
+    """A port free now, below the ephemeral range where it has one of at least 1,000 ports;
+    else (or when ``attempts`` random picks are all taken) one the kernel picks."""
+    high = _ephemeral_low()
+    if high - PORT_FLOOR >= 1000:
+        for _ in range(attempts):
+            port = random.randrange(PORT_FLOOR, high)
+            if _bindable(port):
+                return port
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def build_command(
+    python: Path,
+    model_dir: Path,
+    port: int,
+    served_names: list[str],
+    serving: ServingConfig,
+    *,
+    cuda: bool,
+) -> list[str]:
+    """The process backend's command line: the serving python, vLLM's module, its args."""
+    return [str(python), "-m", VLLM_MODULE] + vllm_args(
+        model_dir, "127.0.0.1", port, served_names, serving, cuda=cuda
+    )
+
+
+def vllm_args(
+    model_dir: Path,
+    host: str,
+    port: int,
+    served_names: list[str],
+    serving: ServingConfig,
+    *,
+    cuda: bool,
+) -> list[str]:
+    """vLLM's arguments, the same for both backends (a container listens on its own
+    address on the project's isolated network, published on the host's 127.0.0.1 only).
+    ``serving.extra_args`` pass only through the allow-list (ConfigError otherwise)."""
+    cmd = [
+        "--model",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--served-model-name",
+        *served_names,
+        "--max-model-len",
+        str(serving.max_model_len),
+        "--dtype",
+        serving.dtype,
+        "--enable-prefix-caching"
+        if serving.enable_prefix_caching
+        else "--no-enable-prefix-caching",
+        "--disable-uvicorn-access-log",
+    ]
+    if serving.max_num_seqs is not None:  # None (not resolved by a server): vLLM's default
+        cmd += ["--max-num-seqs", str(serving.max_num_seqs)]
+    if serving.enforce_eager:
+        cmd.append("--enforce-eager")
+    if cuda:
+        cmd += ["--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
+    cmd += serving.parallel_args()
+    # Checked again where both backends build the command: settings changed after
+    # validation (a candidate's arguments joined, a tuning setting applied) pass the same
+    # allow-list (llm_release.serving.serving_flags) before they reach vLLM.
+    try:
+        check_serving_args(serving.extra_args, "serving.extra_args")
+    except ValueError as exc:
+        raise ConfigError(
+            str(exc), hint="remove the flag, or ask the operator to allow it"
+        ) from None
+    # A reasoning model's family parser (qwen3 for Qwen3 / Qwen3.5): its thinking goes to
+    # the answer's reasoning field, not into the content a client scores or shows.
+    cmd += reasoning.parser_args(model_dir, serving.extra_args)
+    cmd += serving.extra_args
+    return cmd
+
+
+def resolve_dtype(serving: ServingConfig, model_dir: Path) -> ServingConfig:
+    """``fastest`` made concrete for this host (measured once per host and runtime)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return serving.model_copy(
+        update={"dtype": served_dtype(serving.dtype, hardware.detect(), config)}
+    )
+
+
+def cpu_threads_bind(serving: ServingConfig, role: str, allowed: set[int] | None = None) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for a CPU server of ``role``.
+
+    vLLM's ``auto`` binds the OpenMP threads of every server to the first cores this
+    process may use (on 2 cores: "core ids=[0], reserved_cpus=[1]"), so a canary started next
+    to the stable shares its core: in the demo of 2026-12-01 the canary's TTFT p95 was
+    4.61 s against the stable's 0.17 s at 50% and the update was rolled back. ``split`` gives
+    a canary the upper half of the CPUs and every other server the lower half; for a server
+    alone on 2 cores that is core 0, what ``auto`` chose, so measurements do not change."""
+    if serving.cpu_threads_bind != "split":
+        return serving.cpu_threads_bind
+    cpus = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return ",".join(str(c) for c in cpus) or "auto"
+    lower = (len(cpus) + 1) // 2
+    chosen = cpus[lower:] if role == "canary" else cpus[:lower]
+    return ",".join(str(c) for c in chosen)
+
+
+def cpu_env(serving: ServingConfig, role: str) -> dict[str, str]:
+    """vLLM CPU's own settings for a server of ``role`` (both backends; ignored on a GPU)."""
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": str(serving.cpu_kvcache_space_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": cpu_threads_bind(serving, role),
+    }
+
+
+def server_env(serving: ServingConfig, role: str = "candidate") -> dict[str, str]:
+    env = child_env()  # the pipeline's secrets have no business in a model server
+    env |= cpu_env(serving, role)
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env["HF_HUB_OFFLINE"] = "1"
+    return env
+
+
+@dataclass
+class Endpoint:
+    base_url: str
+    served_name: str
+    metrics_url: str
+    port: int
+    pid: int
+    log_path: str
+    # The docker backend's container (id); the process backend's server is ``pid``.
+    container: str | None = None
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What a server is for: its role and the run or release it belongs to. The docker
+    backend names and labels its container with it; both backends key GPU claims by it."""
+
+    role: str = "candidate"  # candidate | stable | canary
+    run_id: str | None = None
+    release_id: str | None = None
+    candidate: str | None = None
+
+    def key(self) -> str:
+        parts = [self.role, self.release_id or self.run_id or "", self.candidate or ""]
+        return "-".join(p for p in parts if p)
+
+
+class Server(ABC):
+    """A vLLM OpenAI-compatible server, wherever it runs. The endpoint contract is the
+    same for every backend: ready only when ``/health`` answers and one completion came
+    back, a failure carries the log tail and the likely cause, ``stop`` on every exit path
+    (use it as a context manager)."""
+
+    backend = "abstract"
+
+    def __init__(
+        self,
+        model_dir: Path,
+        served_names: list[str],
+        serving: ServingConfig,
+        log_path: Path,
+        *,
+        port: int | None = None,
+        owner: Owner | None = None,
+    ) -> None:
+        if not served_names:
+            raise ConfigError("a vLLM server needs at least one served model name")
+        self.model_dir = Path(model_dir)
+        self.served_names = served_names
+        self.serving = serving
+        self.log_path = Path(log_path)
+        self.port = port or free_port()
+        self.owner = owner or Owner(candidate=served_names[0])
+        self.gpus: list[int] = []
+        self.started = False
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def gpu_holder(self) -> str:
+        return f"{self.owner.key()}@{self.port}"
+
+    def endpoint(self) -> Endpoint:
+        return Endpoint(
+            base_url=self.base_url,
+            served_name=self.served_names[0],
+            metrics_url=f"{self.base_url}/metrics",
+            port=self.port,
+            pid=self.pid(),
+            log_path=str(self.log_path),
+            container=self.container_id(),
+        )
+
+    def pid(self) -> int:
+        return 0
+
+    def container_id(self) -> str | None:
+        return None
+
+    def _prepare(self) -> None:
+        """Checks and settings both backends share, before anything starts."""
+        if not (self.model_dir / "config.json").exists():
+            raise ServeError(
+                f"{self.model_dir} has no config.json", hint="re-run the acquire stage"
+            )
+        if self.serving.dtype == "fastest":
+            self.serving = resolve_dtype(self.serving, self.model_dir)
+        if self.serving.max_num_seqs is None:
+            self.serving = resolve_batch(self.model_dir, self.serving, hardware.detect())
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _claim_gpus(self) -> None:
+        if has_cuda():
+            self.gpus = gpus.claim(
+                self.gpu_holder, self.serving, gpus.host_gpus(), backend=self.serving.backend
+            )
+
+    def _give_back_gpus(self) -> None:
+        if self.gpus:
+            gpus.give_back(self.gpu_holder)
+            self.gpus = []
+
+    @abstractmethod
+    def start(self) -> Endpoint: ...
+
+    @abstractmethod
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has exited; None while it runs."""
+
+    @abstractmethod
+    def stop(self, grace_s: float = 20) -> None: ...
+
+    def sync_log(self) -> None:  # noqa: B027 - a hook: the process writes its log itself
+        """Bring ``log_path`` up to date (the docker backend copies the container's log)."""
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        text = self.log_text()
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_text(self, max_bytes: int = 2_000_000) -> str:
+        self.sync_log()
+        try:
+            with self.log_path.open("rb") as fh:
+                fh.seek(max(0, self.log_path.stat().st_size - max_bytes))
+                return fh.read().decode(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def alive(self) -> bool:
+        return self.started and self.exit_code() is None
+
+    def what(self) -> str:
+        return f"vLLM for {self.served_names[-1]}"
+
+    def wait_healthy(self, timeout_s: float | None = None) -> Endpoint:
+        assert self.started, "start() first"
+        timeout_s = timeout_s if timeout_s is not None else self.serving.startup_timeout_s
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            code = self.exit_code()
+            if code is not None:
+                text = self.log_text()
+                raise ServeError(
+                    f"{self.what()} exited with code {code} before it was "
+                    f"healthy; likely cause: {diagnose(text)}",
+                    log_tail=self.log_tail(),
+                )
+            try:
+                healthy = requests.get(f"{self.base_url}/health", timeout=2).status_code == 200
+            except requests.RequestException:
+                healthy = False
+            if healthy:
+                self._answer_once(deadline)
+                return self.endpoint()
+            time.sleep(1)
+        tail = self.log_tail()
+        cause = diagnose(self.log_text())
+        self.stop()
+        raise ServeError(
+            f"{self.what()} was not healthy after {timeout_s:.0f}s; likely cause: {cause}",
+            log_tail=tail,
+            hint="raise serving.startup_timeout_s if the machine is slow (first start compiles)",
+        )
+
+    def _answer_once(self, deadline: float) -> None:
+        """Ready means answering: /health can say 200 while the first request kills the
+        engine (seen with W4A16 on an AVX2-only CPU), so one real completion is asked for."""
+        body = {"model": self.served_names[0], "prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        try:
+            response = requests.post(
+                f"{self.base_url}/v1/completions",
+                json=body,
+                timeout=max(10.0, deadline - time.monotonic()),
+            )
+            if response.status_code == 200 and response.json().get("choices"):
+                return
+            problem = f"HTTP {response.status_code}: {response.text[:200]}"
+        except (requests.RequestException, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        raise self.died_error("its first completion", problem)
+
+    def died_error(self, during: str, problem: str = "") -> ServeError:
+        """The error for a server that failed after /health: cause and tail from its log."""
+        for _ in range(10):  # the engine's traceback reaches the log a moment later
+            if self.exit_code() is not None:
+                break
+            time.sleep(0.5)
+        code = self.exit_code()
+        state = f"exited with code {code}" if code is not None else "stopped answering"
+        text = self.log_text()
+        return ServeError(
+            f"{self.what()} {state} during {during}"
+            + (f" ({problem})" if problem else "")
+            + f"; likely cause: {diagnose(text)}",
+            log_tail=self.log_tail(),
+        )
+
+    def __enter__(self) -> Server:
+        self.start()
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class VllmServer(Server):
+    """The process backend: a vLLM process of the serving virtualenv in its own session."""
+
+    backend = "process"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.process: subprocess.Popen | None = None
+
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+    def start(self) -> Endpoint:
+        python = paths.vllm_python()
+        if not python.exists():
+            raise ServeError(
+                f"the serving virtualenv's python {python} does not exist",
+                hint="run 'make setup' to create .venv-vllm, or set LLM_RELEASE_VLLM_PYTHON",
+            )
+        self._prepare()
+        cuda = has_cuda()
+        cmd = build_command(
+            python, self.model_dir, self.port, self.served_names, self.serving, cuda=cuda
+        )
+        env = server_env(self.serving, self.owner.role)
+        self._claim_gpus()
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        try:
+            with self.log_path.open("ab") as log:
+                log.write(f"$ {' '.join(cmd)}\n".encode())
+                log.flush()
+                # Own session: the whole process tree can be signalled, and it outlives the
+                # caller when a release keeps it running behind the router.
+                self.process = subprocess.Popen(
+                    cmd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
+        except BaseException:
+            self._give_back_gpus()
+            raise
+        self.started = True
+        if self.gpus:
+            from llm_release.serving import gpus
+
+            gpus.bind(
+                self.gpu_holder,
+                pid=self.process.pid,
+                pid_started=processes.start_time(self.process.pid),
+            )
+        return self.endpoint()
+
+    def exit_code(self) -> int | None:
+        return self.process.poll() if self.process is not None else None
+
+    def stop(self, grace_s: float = 20) -> None:
+        if self.process is None:
+            return
+        stop_process_group(self.process.pid, grace_s)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self._give_back_gpus()
+
+
+def stop_process_group(pid: int, grace_s: float = 20) -> bool:
+    """SIGTERM the process group led by ``pid``, SIGKILL it after ``grace_s``."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap(pid)
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid`` if it is our exited child, so a zombie does not look alive."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

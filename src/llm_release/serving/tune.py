@@ -1,0 +1,423 @@
+"""Serving settings tuned per candidate for goodput under the SLO.
+
+Goodput here is the highest load level (concurrent streams) at which TTFT p95 and ITL p95
+stay under the SLO and the error rate under its ceiling, every lower level passing too
+(``loadtest.goodput``, the same figure that ranks the challengers in select);
+among settings of equal goodput the one with more output tokens/s at that level is better
+(GuideLLM's requests/s of a single wave of 8 requests is not a stable figure: measured
+0.94 req/s next to 117 tokens/s at 8 streams).
+
+A server start dominates the cost (about 85 s for SmolLM2 on 2 loaded cores against
+10-15 s for a load level), so the search saves starts first and levels second:
+
+* **pruned by the planner** — a setting the planner says cannot fit (or that vLLM refuses
+  at start, e.g. ``max_num_batched_tokens < max_num_seqs``) is never started;
+* **equivalent settings collapsed** — under a load of at most ``top`` concurrent requests,
+  every ``max_num_seqs ≥ top`` schedules alike, and so does every
+  ``max_num_batched_tokens ≥ top × (prompt + output)``: one of each class is measured;
+* **coordinate descent from the planner's start** — start where the planner points
+  (``max_num_seqs`` = the top load level, the default batch budget, the release's prefix
+  caching), then step each dimension to its neighbours, keeping a step only while it wins;
+* **racing** — a trial setting is measured first at the best setting's goodput level: failing
+  there it cannot win, and its server stops after one level;
+* **early stop** — a setting's sweep stops at its first failing level, and the search stops
+  once the best setting passes the top level (nothing on the grid can do better).
+
+``exhaustive`` measures every grid point at every level, for the benchmark.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+
+from pydantic import Field
+
+from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig
+from llm_release.fileio import atomic_write_text
+from llm_release.hardware import Hardware
+from llm_release.hub import hub_headers
+from llm_release.load.loadtest import goodput, level_verdict, run_load_test, slo_for
+from llm_release.results import LoadLevel, Pruned, Record, Setting, Slo, Trial, TuneResult
+from llm_release.serving import capacity, reasoning
+from llm_release.serving.factory import make_server
+from llm_release.sizing.planner import _flag
+
+log = logging.getLogger(__name__)
+
+DIMENSIONS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
+)
+
+
+__all__ = ["Grid", "Tuner", "goodput", "level_verdict", "tune_candidate"]
+
+
+class Grid(Record):
+    """Values per dimension; a dimension with one value is not searched."""
+
+    max_num_seqs: list[int]
+    max_num_batched_tokens: list[int | None] = Field(default_factory=lambda: [None])
+    enable_prefix_caching: list[bool] = Field(default_factory=lambda: [True])
+    gpu_memory_utilization: list[float | None] = Field(default_factory=lambda: [None])
+
+    def values(self, dim: str) -> list:
+        raw = getattr(self, dim)
+        if dim == "enable_prefix_caching":
+            return sorted(set(raw))
+        # None (vLLM's default) sorts last: it is the largest budget on the CPU (2048 × TP)
+        return sorted(set(raw), key=lambda v: (v is None, v or 0))
+
+    def points(self) -> list[Setting]:
+        return [
+            Setting(**dict(zip(DIMENSIONS, combo, strict=True)))
+            for combo in itertools.product(*(self.values(d) for d in DIMENSIONS))
+        ]
+
+    def neighbour(self, setting: Setting, dim: str, step: int) -> Setting | None:
+        values = self.values(dim)
+        i = values.index(getattr(setting, dim)) + step
+        if not 0 <= i < len(values):
+            return None
+        return setting.model_copy(update={dim: values[i]})
+
+
+# A server session for one setting: a context manager that yields probe(concurrency).
+Session = Callable[[Setting], AbstractContextManager[Callable[[int], LoadLevel]]]
+Fits = Callable[[Setting], str | None]
+
+
+def static_problem(setting: Setting) -> str | None:
+    """What vLLM 0.32 refuses at start whatever the memory (SchedulerConfig checks)."""
+    b = setting.max_num_batched_tokens
+    if b is not None and b < setting.max_num_seqs:
+        return f"max_num_batched_tokens {b} < max_num_seqs {setting.max_num_seqs} (vLLM refuses it)"
+    return None
+
+
+def representative(setting: Setting, top: int, step_tokens: int, grid: Grid) -> Setting:
+    """The setting every equivalent one is measured as under at most ``top`` concurrent
+    requests of ``step_tokens`` tokens (prompt + output): the smallest grid value that is
+    not a limit, for max_num_seqs and max_num_batched_tokens."""
+    seqs = [v for v in grid.values("max_num_seqs") if v >= top]
+    update: dict = {}
+    if setting.max_num_seqs >= top and seqs:
+        update["max_num_seqs"] = seqs[0]
+    enough = top * step_tokens
+    batched = [v for v in grid.values("max_num_batched_tokens") if v is not None and v >= enough]
+    b = setting.max_num_batched_tokens
+    if b is not None and b >= enough and batched:
+        update["max_num_batched_tokens"] = batched[0]
+    return setting.model_copy(update=update)
+
+
+def _better(a: Trial, b: Trial, tie_margin: float) -> bool:
+    """a beats b: higher goodput, or the same with ``tie_margin`` more output tokens/s."""
+    if a.below is not None:
+        return False
+    if a.goodput != b.goodput:
+        return a.goodput > b.goodput
+    return a.goodput > 0 and a.goodput_tok_s > b.goodput_tok_s * (1 + tie_margin)
+
+
+class Tuner:
+    def __init__(
+        self,
+        grid: Grid,
+        levels: list[int],
+        slo: Slo,
+        session: Session,
+        fits: Fits,
+        *,
+        step_tokens: int,
+        max_settings: int = 8,
+        tie_margin: float = 0.05,
+    ) -> None:
+        self.grid = grid
+        self.levels = sorted(set(levels))
+        self.slo = slo
+        self.session = session
+        self.fits = fits
+        self.step_tokens = step_tokens
+        self.max_settings = max_settings
+        self.tie_margin = tie_margin
+        self.trials: dict[Setting, Trial] = {}
+        self.pruned: dict[Setting, Pruned] = {}
+
+    # ------------------------------------------------------------------ measuring
+
+    def problem(self, setting: Setting) -> str | None:
+        if setting in self.pruned:
+            return self.pruned[setting].reason
+        reason = static_problem(setting) or self.fits(setting)
+        if reason:
+            self.pruned[setting] = Pruned(setting=setting, reason=reason)
+        return reason
+
+    def measure(self, setting: Setting, *, start_at: int = 0, stop_early: bool = True) -> Trial:
+        """Start the server once and sweep the levels from ``start_at`` upwards."""
+        assert self.problem(setting) is None, "never start a setting that cannot fit"
+        trial = Trial(setting=setting)
+        begun = time.monotonic()
+        todo = [c for c in self.levels if c >= start_at] or self.levels[-1:]
+        try:
+            with self.session(setting) as probe:
+                for c in todo:
+                    level = probe(c)
+                    trial.levels.append(level)
+                    why = level_verdict(level, self.slo)
+                    if why:
+                        trial.failures[c] = why
+                        if stop_early:
+                            break
+        except Exception as exc:  # noqa: BLE001 - a setting that fails to serve loses, the search goes on
+            trial.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.warning("tune: %s failed: %s", setting.label(), trial.error)
+        trial.seconds = round(time.monotonic() - begun, 2)
+        if start_at and todo and todo[0] in trial.failures:
+            trial.below = todo[0]
+        elif not trial.error:
+            # the levels below start_at were not measured: the best setting passed them
+            best = goodput(trial.levels, self.slo)
+            trial.goodput, trial.goodput_tok_s = best.concurrency, best.output_tokens_per_s
+        self.trials[setting] = trial
+        log.info(
+            "tune: %s → goodput %s (%.0f s)",
+            setting.label(),
+            f"< {trial.below}" if trial.below else trial.goodput,
+            trial.seconds,
+        )
+        return trial
+
+    # ------------------------------------------------------------------ strategies
+
+    def start_point(self, start: Setting) -> Setting | None:
+        """The planner's start, snapped to the grid; else the first grid point that fits."""
+        snapped = {}
+        for dim in DIMENSIONS:
+            values = self.grid.values(dim)
+            want = getattr(start, dim)
+            if want in values:
+                snapped[dim] = want
+            elif dim == "max_num_seqs":
+                snapped[dim] = min(values, key=lambda v: abs(v - want))
+            else:
+                snapped[dim] = values[-1]
+        first = Setting(**snapped)
+        # what does not fit usually fits with fewer sequences: step those down first
+        fewer = [
+            first.model_copy(update={"max_num_seqs": v})
+            for v in reversed(self.grid.values("max_num_seqs"))
+            if v < first.max_num_seqs
+        ]
+        for s in [first, *fewer, *self.grid.points()]:
+            if self.problem(s) is None:
+                return s
+        return None
+
+    def coordinate(self, start: Setting) -> TuneResult:
+        top = self.levels[-1]
+        begun = self.start_point(start)
+        if begun is None:
+            return self._result("coordinate", None)
+        first = representative(begun, top, self.step_tokens, self.grid)
+        best = self.measure(first if self.problem(first) is None else begun)
+        dims = [d for d in DIMENSIONS if len(self.grid.values(d)) > 1]
+        improved = True
+        while improved and best.goodput < top and len(self.trials) < self.max_settings:
+            improved = False
+            for dim in dims:
+                for step in (1, -1):
+                    moved = False
+                    while best.goodput < top and len(self.trials) < self.max_settings:
+                        nxt = self.grid.neighbour(best.setting, dim, step)
+                        if nxt is None:
+                            break
+                        nxt = representative(nxt, top, self.step_tokens, self.grid)
+                        if nxt == best.setting or nxt in self.trials:
+                            break
+                        if self.problem(nxt):
+                            break  # the next step along this dimension costs more memory
+                        trial = self.measure(nxt, start_at=best.goodput)
+                        if not _better(trial, best, self.tie_margin):
+                            break
+                        best, moved, improved = trial, True, True
+                    if moved:
+                        break  # one direction per dimension and pass
+        return self._result("coordinate", best)
+
+    def exhaustive(self) -> TuneResult:
+        best: Trial | None = None
+        for setting in self.grid.points():
+            if self.problem(setting):
+                continue
+            trial = self.measure(setting, stop_early=False)
+            if best is None or _better(trial, best, 0.0):
+                best = trial
+        return self._result("exhaustive", best)
+
+    def _result(self, strategy, best: Trial | None) -> TuneResult:
+        trials = list(self.trials.values())
+        return TuneResult(
+            strategy=strategy,
+            slo=self.slo,
+            levels=self.levels,
+            chosen=best.setting if best else None,
+            chosen_goodput=best.goodput if best else 0,
+            chosen_goodput_tok_s=best.goodput_tok_s if best else 0.0,
+            trials=trials,
+            pruned=list(self.pruned.values()),
+            grid_size=len(self.grid.points()),
+            seconds=round(sum(t.seconds for t in trials), 2),
+            levels_measured=sum(len(t.levels) for t in trials),
+        )
+
+
+# ---------------------------------------------------------------- the real thing: vLLM + GuideLLM
+
+
+def apply_setting(serving: ServingConfig, setting: Setting) -> ServingConfig:
+    """``serving`` with the setting's values; --max-num-batched-tokens replaces any given."""
+    args = drop_flag(serving.extra_args, "--max-num-batched-tokens")
+    if setting.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(setting.max_num_batched_tokens)]
+    update: dict = {
+        "max_num_seqs": setting.max_num_seqs,
+        "enable_prefix_caching": setting.enable_prefix_caching,
+        "extra_args": args,
+    }
+    if setting.gpu_memory_utilization is not None:
+        update["gpu_memory_utilization"] = setting.gpu_memory_utilization
+    return serving.model_copy(update=update)
+
+
+def drop_flag(args: list[str], flag: str) -> list[str]:
+    """``args`` without ``flag value`` / ``flag=value`` (vLLM's '_' spelling too)."""
+    out: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0].replace("_", "-")
+        if name == flag:
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def planner_fits(model_dir: Path, serving: ServingConfig, host: Hardware) -> Fits:
+    """None for a setting the planner says fits, else its verdict (read the folder once)."""
+    files = hub_headers.read_local(Path(model_dir))
+
+    def fits(setting: Setting) -> str | None:
+        plan = capacity.plan_for_dir(model_dir, apply_setting(serving, setting), host, files)
+        return None if plan.fits else f"the planner: {plan.verdict}"
+
+    return fits
+
+
+def vllm_session(
+    model_dir: Path,
+    served_names: list[str],
+    serving: ServingConfig,
+    tokenizer_dir: Path,
+    profile: LoadProfile,
+    out_dir: Path,
+) -> Session:
+    """One vLLM server per setting, kept up while GuideLLM measures its levels one by one
+    (one GuideLLM run per level, so the sweep can stop at the first failing level)."""
+    request_body = reasoning.request_body(model_dir, serving.thinking)
+
+    @contextmanager
+    def session(setting: Setting) -> Iterator[Callable[[int], LoadLevel]]:
+        folder = out_dir / _slug(setting)
+        server = make_server(
+            model_dir, served_names, apply_setting(serving, setting), folder / "vllm.log"
+        )
+        with server:
+
+            def probe(concurrency: int) -> LoadLevel:
+                one = profile.model_copy(update={"concurrencies": [concurrency]})
+                result = run_load_test(
+                    server.base_url,
+                    served_names[0],
+                    tokenizer_dir,
+                    one,
+                    folder / f"c{concurrency}",
+                    request_body=request_body,
+                )
+                return result.levels[0]
+
+            yield probe
+
+    return session
+
+
+def _slug(setting: Setting) -> str:
+    return re.sub(r"[^a-z0-9=.-]+", "_", setting.label().lower())
+
+
+def tune_candidate(
+    tune: TuneConfig,
+    *,
+    model_dir: Path,
+    tokenizer_dir: Path,
+    served_names: list[str],
+    serving: ServingConfig,
+    load: LoadProfile,
+    gates: Gates,
+    host: Hardware,
+    out_dir: Path,
+    session: Session | None = None,
+) -> tuple[TuneResult, ServingConfig]:
+    """Search ``tune``'s grid for this candidate; the serving settings it chose (the
+    candidate's own when nothing could be measured) and the search's record."""
+    levels = tune.concurrencies or load.concurrencies
+    profile = load.model_copy(
+        update={
+            "concurrencies": levels,
+            "requests_per_level": tune.requests_per_level or load.requests_per_level,
+        }
+    )
+    utils: list[float | None] = [None]
+    if host.cuda:
+        utils = list(tune.gpu_memory_utilization) or [serving.gpu_memory_utilization]
+    grid = Grid(
+        max_num_seqs=tune.max_num_seqs,
+        max_num_batched_tokens=tune.max_num_batched_tokens,
+        enable_prefix_caching=tune.enable_prefix_caching,
+        gpu_memory_utilization=utils,
+    )
+    slo = slo_for(gates, tune.itl_p95_slo_ms)
+    batched = _flag(serving.extra_args, "--max-num-batched-tokens")
+    start = Setting(
+        max_num_seqs=max(levels),  # admit every request of the top level at once
+        max_num_batched_tokens=int(batched) if batched else None,
+        enable_prefix_caching=serving.enable_prefix_caching,
+        gpu_memory_utilization=serving.gpu_memory_utilization if host.cuda else None,
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tuner = Tuner(
+        grid,
+        levels,
+        slo,
+        session or vllm_session(model_dir, served_names, serving, tokenizer_dir, profile, out_dir),
+        planner_fits(model_dir, serving, host),
+        step_tokens=load.prompt_tokens + load.output_tokens,
+        max_settings=tune.max_settings,
+        tie_margin=tune.tie_margin,
+    )
+    result = tuner.coordinate(start) if tune.strategy == "coordinate" else tuner.exhaustive()
+    atomic_write_text(out_dir / "tune.json", result.model_dump_json(indent=2) + "\n")
+    chosen = apply_setting(serving, result.chosen) if result.chosen else serving
+    return result, chosen

@@ -1,0 +1,425 @@
+"""The plan: a request (device, memory, dtype, max_model_len, tensor parallel) and what fits
+-- KV tokens, maximum concurrency, the tensor-parallel options and the recommendation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field
+
+from llm_release.errors import ConfigError
+from llm_release.sizing.architecture import TORCH_DTYPE_BYTES, GiB, ModelArch, Record
+from llm_release.sizing.kv import (
+    Runtime,
+    default_batched_tokens,
+    kv_capacity,
+    kv_layout,
+    seeds_kv_bytes_per_token,
+)
+from llm_release.sizing.weights import WeightBytes, estimate_params
+
+# ---------------------------------------------------------------- the plan
+
+
+class PlanRequest(Record):
+    device: Literal["gpu", "cpu"] = "gpu"
+    gpu_memory_gib: float = Field(80.0, gt=0)
+    gpu_counts: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    cpu_kvcache_space_gib: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=1, description="None: the model's maximum")
+    concurrency: int = Field(1, ge=1, description="sequences of max_model_len to hold at once")
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    online_quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="vLLM --quantization fp8 on an unquantized checkpoint: the linear layers "
+        "are cast to FP8 at load, so their weights take 1 byte each on the GPU",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="the served dtype (vLLM --dtype); 'auto' is the checkpoint's. On a CPU "
+        "without native bf16 the pipeline serves float32, which doubles the KV bytes",
+    )
+    mamba_ssm_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="linear-attention recurrent state dtype; 'auto': the config's "
+        "mamba_ssm_dtype, else the model dtype. vLLM CPU on a host with AVX512_BF16 stores "
+        "it in float32 (platforms/cpu.py): see cpu_ssm_dtype_for_host()",
+    )
+    enable_prefix_caching: bool = True
+    max_num_batched_tokens: int | None = None
+    block_size: int | None = None
+    non_kv_overhead_gib: float | None = Field(
+        None,
+        description="GPU memory per rank that is neither weights nor KV (activations, CUDA "
+        "graphs, NCCL); None: an estimate from the model's widths",
+    )
+    non_kv_overhead_factor: float = Field(
+        1.0,
+        gt=0,
+        description="multiplies the overhead estimate: the correction learned per vLLM "
+        "version from recorded starts (llm_release.sizing.corrections)",
+    )
+    overhead_note: str | None = Field(None, description="where the factor came from")
+
+
+class TpOption(Record):
+    tensor_parallel_size: int
+    weights_per_gpu_bytes: int
+    overhead_per_gpu_bytes: int
+    kv_memory_per_gpu_bytes: int
+    kv_bytes_per_token: int = Field(description="attention layers only, one rank")
+    state_bytes_per_sequence: int
+    block_size: int
+    num_blocks: int
+    kv_cache_tokens: int
+    max_concurrency: float
+    fits: bool
+    reasons: list[str] = Field(default_factory=list)
+    min_gpu_memory_utilization: float | None = None
+
+
+class Recommendation(Record):
+    tensor_parallel_size: int
+    max_model_len: int
+    max_num_seqs: int
+    gpu_memory_utilization: float | None = None
+    cpu_kvcache_space_gib: int | None = None
+
+
+class CapacityPlan(Record):
+    model: str
+    arch: ModelArch
+    request: PlanRequest
+    weights: WeightBytes
+    max_model_len: int
+    kv_bytes_per_token_unsharded: int
+    seeds_kv_bytes_per_token: int
+    options: list[TpOption]
+    fits: bool
+    verdict: str
+    recommendation: Recommendation | None
+    alternative: Recommendation | None = Field(
+        None,
+        description="when nothing fits as asked: the longest max_model_len that holds the "
+        "requested concurrency, at the largest tensor-parallel size whose weights fit",
+    )
+    notes: list[str] = Field(default_factory=list)
+
+
+def longest_fitting_len(
+    arch: ModelArch, runtime: Runtime, kv_memory_bytes: int, concurrency: int, upper: int
+) -> int | None:
+    """The largest max_model_len ≤ ``upper`` at which ``concurrency`` sequences fit (the
+    concurrency only falls as the length grows, so a bisection finds it)."""
+
+    def holds(length: int) -> bool:
+        layout = kv_layout(arch, runtime, length)
+        return kv_capacity(layout, kv_memory_bytes, length).max_concurrency >= concurrency
+
+    if upper < 1 or not holds(1):
+        return None
+    lo, hi = 1, upper
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
+    """vLLM CPU 0.32 resets the linear-attention state to float32 when the host has
+    AVX512_BF16 (its accelerated GDN kernel) unless bf16/fp16 was asked for explicitly."""
+    from llm_release.hardware import detect
+
+    return "float32" if "avx512_bf16" in detect().cpu.flags else "auto"
+
+
+# vLLM's non-KV GPU memory beyond the weights has two terms (gpu_worker.determine_available_
+# memory): the torch peak of its profile run and the non-torch memory that grew meanwhile
+# (cuBLAS/NCCL workspaces). Measured through the project's servers on the H200 with vLLM 0.26
+# at DEBUG (docs/gpu-serving-2026-12-01.jsonl): non-torch 0.22 GiB for each of SmolLM2's bf16,
+# FP8 and W4A16 folders; torch peak 0.14 GiB, which the activation + logits terms below give
+# (0.13). The shared 1.17B Llama figures (non-KV 0.72-0.78 GiB) fit within 0.15 GiB. CUDA
+# graphs are captured after the KV cache is sized: vLLM 0.26 did not subtract them.
+GPU_NON_TORCH_GIB = 0.22
+# MoE and hybrid models keep the older, larger reserve until they are measured the same way:
+# their fused-MoE workspaces grow with top-k (issue 21), so the dense figure would promise
+# KV memory that is not there.
+GPU_NON_TORCH_MOE_GIB = 1.5
+
+
+def estimate_overhead_bytes(arch: ModelArch, tp: int, batched_tokens: int) -> int:
+    """Non-KV GPU memory of one rank beyond its weights: vLLM's profiling peak of one
+    ``batched_tokens`` step (hidden states and the widest MLP/expert activation in bf16, fp32
+    logits of up to 256 sampled rows) plus the non-torch reserve (GPU_NON_TORCH_GIB for a
+    dense model, GPU_NON_TORCH_MOE_GIB for a MoE or hybrid one)."""
+    width = arch.intermediate_size
+    if arch.moe:
+        width = max(arch.moe.moe_intermediate_size * arch.moe.experts_per_token, width)
+    act = batched_tokens * (4 * arch.hidden_size + 2 * width // tp) * 2
+    logits = 256 * arch.vocab_size // tp * 4
+    reserve = GPU_NON_TORCH_MOE_GIB if (arch.moe or arch.linear) else GPU_NON_TORCH_GIB
+    return int(act + logits + reserve * GiB)
+
+
+def _tp_problem(arch: ModelArch, tp: int) -> str | None:
+    if arch.num_attention_heads % tp:
+        return f"tensor_parallel_size {tp} does not divide num_attention_heads {arch.num_attention_heads}"
+    if arch.num_kv_heads >= tp and arch.num_kv_heads % tp:
+        return f"tensor_parallel_size {tp} does not divide num_key_value_heads {arch.num_kv_heads}"
+    if arch.linear and (arch.linear.num_v_heads % tp or arch.linear.num_k_heads % tp):
+        return f"tensor_parallel_size {tp} does not divide the linear-attention heads"
+    return None
+
+
+def _flag(args: list[str], *names: str) -> str | None:
+    """The value of the last ``--name value`` / ``--name=value`` in a vLLM argument list."""
+    value = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def request_for_serving(
+    serving,
+    *,
+    device: Literal["gpu", "cpu"],
+    gpu_memory_gib: float = 80.0,
+    dtype: str | None = None,
+    concurrency: int | None = None,
+    extra_args: list[str] | None = None,
+) -> PlanRequest:
+    """The PlanRequest for a ``config.ServingConfig`` as serve.build_command passes it to vLLM:
+    max-model-len, KV space or memory utilization, prefix caching, and the flags in
+    ``extra_args`` that change the KV arithmetic (--kv-cache-dtype, --max-num-batched-tokens,
+    --block-size, --tensor-parallel-size). ``dtype`` is the served dtype once resolved
+    (serving.dtype 'fastest' is resolved per host by serve.resolve_dtype)."""
+    args = serving.parallel_args() + list(serving.extra_args) + list(extra_args or [])
+    served = dtype or serving.dtype
+    if served not in ("auto", "bfloat16", "float16", "float32"):
+        raise ConfigError(
+            f"served dtype {served!r} is not resolved",
+            hint="pass the dtype serve.resolve_dtype chose ('fastest' depends on the host)",
+        )
+    kv = _flag(args, "--kv-cache-dtype") or "auto"
+    quantization = _flag(args, "--quantization", "-q")
+    tp = _flag(args, "--tensor-parallel-size", "-tp")
+    batched = _flag(args, "--max-num-batched-tokens")
+    block = _flag(args, "--block-size")
+    try:
+        return PlanRequest(
+            device=device,
+            gpu_memory_gib=gpu_memory_gib,
+            gpu_counts=[int(tp)] if tp else [1],
+            gpu_memory_utilization=serving.gpu_memory_utilization,
+            cpu_kvcache_space_gib=serving.cpu_kvcache_space_gib,
+            max_model_len=serving.max_model_len,
+            concurrency=concurrency or 1,
+            kv_cache_dtype="fp8" if kv.startswith("fp8") else "auto",
+            online_quantization="fp8" if quantization == "fp8" else "none",
+            dtype=served,
+            mamba_ssm_dtype=cpu_ssm_dtype_for_host() if device == "cpu" else "auto",
+            enable_prefix_caching=serving.enable_prefix_caching,
+            max_num_batched_tokens=int(batched) if batched else None,
+            block_size=int(block) if block else None,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"serving arguments the planner cannot read: {exc}") from exc
+
+
+def online_fp8_weights(arch: ModelArch, weights: WeightBytes) -> WeightBytes:
+    """The weights vLLM keeps after ``--quantization fp8`` of a checkpoint stored in 16 bits:
+    every linear layer llm-compressor would quantize at 1 byte per weight (per-tensor scales:
+    a few bytes), the rest as stored. A checkpoint already quantized is left as it is."""
+    if any(d.upper().startswith(("F8", "I8", "U8", "I4", "U4", "I32")) for d in weights.by_dtype):
+        return weights  # FP8 or packed int weights: quantized already
+    saved = estimate_params(arch).quantizable * (arch.dtype_bytes - 1)
+    total = max(weights.total_bytes - saved, weights.replicated_bytes)
+    return weights.model_copy(
+        update={"total_bytes": total, "scheme": "online fp8", "by_dtype": {"mixed": total}}
+    )
+
+
+def plan(
+    arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str = "model"
+) -> CapacityPlan:
+    if request.online_quantization == "fp8" and request.device == "gpu":
+        weights = online_fp8_weights(arch, weights)
+    if request.dtype != "auto":
+        arch = arch.model_copy(
+            update={"dtype_bytes": TORCH_DTYPE_BYTES[request.dtype], "dtype_name": request.dtype}
+        )
+    if request.mamba_ssm_dtype != "auto" and arch.linear:
+        linear = arch.linear.model_copy(
+            update={"ssm_dtype_bytes": TORCH_DTYPE_BYTES[request.mamba_ssm_dtype]}
+        )
+        arch = arch.model_copy(update={"linear": linear})
+    max_len = request.max_model_len or arch.max_position_embeddings or 4096
+    notes: list[str] = []
+    too_long = None
+    if arch.max_position_embeddings and max_len > arch.max_position_embeddings:
+        # vLLM raises at start unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (and then rope breaks)
+        too_long = (
+            f"max_model_len {max_len:,} > the model's max_position_embeddings "
+            f"{arch.max_position_embeddings:,} (vLLM refuses it)"
+        )
+    counts = [1] if request.device == "cpu" else sorted(set(request.gpu_counts))
+    options: list[TpOption] = []
+    tried: list[tuple[TpOption, Runtime, int, bool]] = []
+    for tp in counts:
+        runtime = Runtime(
+            device=request.device,
+            tensor_parallel_size=tp,
+            kv_cache_dtype=request.kv_cache_dtype,
+            block_size=request.block_size,
+            max_num_batched_tokens=request.max_num_batched_tokens,
+            enable_prefix_caching=request.enable_prefix_caching,
+            gpu_memory_gib=request.gpu_memory_gib,
+        )
+        layout = kv_layout(arch, runtime, max_len)
+        reasons: list[str] = [too_long] if too_long else []
+        problem = _tp_problem(arch, tp)
+        if problem:
+            reasons.append(problem)
+        w = weights.per_gpu(tp)
+        if request.device == "cpu":
+            overhead = 0
+            kv_mem = request.cpu_kvcache_space_gib * GiB
+            budget = None
+        else:
+            overhead = (
+                int(request.non_kv_overhead_gib * GiB)
+                if request.non_kv_overhead_gib is not None
+                else int(
+                    estimate_overhead_bytes(arch, tp, default_batched_tokens(runtime))
+                    * request.non_kv_overhead_factor
+                )
+            )
+            budget = request.gpu_memory_gib * GiB
+            kv_mem = int(budget * request.gpu_memory_utilization) - w - overhead
+            if kv_mem <= 0:
+                reasons.append(
+                    f"weights {w / GiB:.1f} GiB + overhead {overhead / GiB:.1f} GiB per GPU "
+                    f"exceed {request.gpu_memory_gib:g} GiB × {request.gpu_memory_utilization:g}"
+                )
+        cap = kv_capacity(layout, kv_mem, max_len)
+        if kv_mem > 0 and cap.max_concurrency < 1:
+            reasons.append(
+                f"KV cache holds {cap.kv_cache_tokens:,} tokens: not one sequence of "
+                f"max_model_len {max_len:,}"
+            )
+        elif kv_mem > 0 and cap.max_concurrency < request.concurrency:
+            reasons.append(
+                f"max concurrency {cap.max_concurrency:.2f} at {max_len:,} tokens < "
+                f"the {request.concurrency} requested"
+            )
+        min_util = None
+        if budget:
+            need = (
+                w
+                + overhead
+                + request.concurrency * layout.blocks_per_request * layout.bytes_per_block
+            )
+            min_util = math.ceil(need / budget * 100) / 100
+        options.append(
+            TpOption(
+                tensor_parallel_size=tp,
+                weights_per_gpu_bytes=w,
+                overhead_per_gpu_bytes=overhead,
+                kv_memory_per_gpu_bytes=max(0, kv_mem),
+                kv_bytes_per_token=layout.attention_bytes_per_token,
+                state_bytes_per_sequence=layout.state_bytes_per_sequence,
+                block_size=layout.block_size,
+                num_blocks=cap.num_blocks,
+                kv_cache_tokens=cap.kv_cache_tokens,
+                max_concurrency=round(cap.max_concurrency, 2),
+                fits=not reasons,
+                reasons=reasons,
+                min_gpu_memory_utilization=min_util,
+            )
+        )
+        tried.append((options[-1], runtime, kv_mem, problem is None))
+        for note in layout.notes:
+            if note not in notes:
+                notes.append(note)
+    if request.device == "gpu" and request.overhead_note and request.non_kv_overhead_gib is None:
+        notes.append(request.overhead_note)
+    best = next((o for o in options if o.fits), None)
+    unsharded = kv_layout(arch, Runtime(device=request.device), max_len).attention_bytes_per_token
+    if request.kv_cache_dtype == "fp8":
+        unsharded = kv_layout(
+            arch, Runtime(device=request.device, kv_cache_dtype="fp8"), max_len
+        ).attention_bytes_per_token
+    recommendation = None
+    if best:
+        util = None
+        if request.device == "gpu":
+            util = request.gpu_memory_utilization
+        recommendation = Recommendation(
+            tensor_parallel_size=best.tensor_parallel_size,
+            max_model_len=max_len,
+            # every admitted sequence can grow to max_model_len without preemption
+            max_num_seqs=max(request.concurrency, min(1024, int(best.max_concurrency))),
+            gpu_memory_utilization=util,
+            cpu_kvcache_space_gib=request.cpu_kvcache_space_gib
+            if request.device == "cpu"
+            else None,
+        )
+        where = "CPU" if request.device == "cpu" else f"{best.tensor_parallel_size} GPU(s)"
+        verdict = (
+            f"fits on {where}: {best.kv_cache_tokens:,} KV tokens, "
+            f"{best.max_concurrency:.2f} sequences of {max_len:,}"
+        )
+    alternative = None
+    if not best:
+        last = options[-1]
+        verdict = "does not fit: " + "; ".join(last.reasons)
+        upper = min(max_len, arch.max_position_embeddings or max_len)
+        for option, runtime, kv_mem, tp_ok in reversed(tried):
+            if not tp_ok or kv_mem <= 0:
+                continue
+            length = longest_fitting_len(arch, runtime, kv_mem, request.concurrency, upper)
+            if length:
+                alternative = Recommendation(
+                    tensor_parallel_size=option.tensor_parallel_size,
+                    max_model_len=length,
+                    max_num_seqs=request.concurrency,
+                    gpu_memory_utilization=request.gpu_memory_utilization
+                    if request.device == "gpu"
+                    else None,
+                    cpu_kvcache_space_gib=request.cpu_kvcache_space_gib
+                    if request.device == "cpu"
+                    else None,
+                )
+                verdict += (
+                    f"; at tensor_parallel_size {option.tensor_parallel_size} a max_model_len "
+                    f"of {length:,} holds {request.concurrency} sequence(s)"
+                )
+            util = option.min_gpu_memory_utilization
+            if util is not None and request.gpu_memory_utilization < util <= 0.95:
+                verdict += f"; or gpu_memory_utilization {util:.2f} holds them at {max_len:,}"
+            break
+    return CapacityPlan(
+        model=model,
+        arch=arch,
+        request=request,
+        weights=weights,
+        max_model_len=max_len,
+        kv_bytes_per_token_unsharded=unsharded,
+        seeds_kv_bytes_per_token=seeds_kv_bytes_per_token(arch),
+        options=options,
+        fits=best is not None,
+        verdict=verdict,
+        recommendation=recommendation,
+        alternative=alternative,
+        notes=notes,
+    )

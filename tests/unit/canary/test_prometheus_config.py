@@ -1,0 +1,143 @@
+"""The Prometheus config the project writes passes promtool, and the scrape targets follow
+the release registry with the labels the analysis selects on."""
+
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from llm_release.canary.prometheus import Prometheus, render_config, render_targets, scraped_values
+from llm_release.config import ServingConfig
+from llm_release.registry import RegistryState, Release
+from tests.helpers import require_tool
+
+
+def release(name: str, port: int) -> Release:
+    return Release(
+        release_id=f"{name}-0123abcd-20261130000000",
+        candidate=name,
+        scheme="FP8_DYNAMIC",
+        repo_id="a/b",
+        commit="0" * 40,
+        model_dir="/m",
+        public_name="svc",
+        port=port,
+        pid=1,
+        log_path="/dev/null",
+        serving=ServingConfig(),
+    )
+
+
+def test_targets_follow_the_registry():
+    state = RegistryState(stable=release("baseline", 8001), canary=release("fp8", 8002))
+    vllm, haproxy = render_targets(state, haproxy_metrics_port=9101)
+    assert vllm == [
+        {
+            "targets": ["127.0.0.1:8001"],
+            "labels": {
+                "service": "svc",
+                "release": "baseline-0123abcd-20261130000000",
+                "role": "stable",
+            },
+        },
+        {
+            "targets": ["127.0.0.1:8002"],
+            "labels": {
+                "service": "svc",
+                "release": "fp8-0123abcd-20261130000000",
+                "role": "canary",
+            },
+        },
+    ]
+    assert haproxy == [{"targets": ["127.0.0.1:9101"], "labels": {"service": "svc"}}]
+    # After a rollback only the stable is scraped; with no release, nothing is.
+    assert [
+        t["labels"]["role"] for t in render_targets(RegistryState(stable=state.stable), None)[0]
+    ] == ["stable"]
+    assert render_targets(RegistryState(), 9101) == ([], [])
+
+
+def test_the_config_passes_promtool(tmp_path):
+    require_tool("promtool")  # a missing promtool fails; 'make setup' installs it
+    prometheus = Prometheus(tmp_path, port=1, scrape_interval_s=5)
+    prometheus.targets_dir.mkdir()
+    state = RegistryState(stable=release("baseline", 8001), canary=release("fp8", 8002))
+    prometheus.write_targets(state, 9101)
+    prometheus.config_path.write_text(render_config(tmp_path, 5))
+    check = subprocess.run(
+        ["promtool", "check", "config", str(prometheus.config_path)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    config = yaml.safe_load(prometheus.config_path.read_text())
+    assert config["global"]["scrape_interval"] == "5000ms"
+    assert [job["job_name"] for job in config["scrape_configs"]] == ["vllm", "haproxy"]
+    assert (
+        json.loads((prometheus.targets_dir / "vllm.json").read_text())[1]["labels"]["role"]
+        == "canary"
+    )
+
+
+def test_an_auto_port_is_picked_at_start_and_again_when_taken(tmp_path, monkeypatch):
+    # LLM_RELEASE_PROMETHEUS_PORT=auto: the port is picked when Prometheus starts (real
+    # prometheus); a port taken between the pick and the bind is picked again
+    import socket
+
+    from llm_release.canary import prometheus as prom
+
+    monkeypatch.setenv(prom.PORT_ENV, "auto")
+    assert prom.default_port() == 0
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    taken = held.getsockname()[1]
+    picks = iter([taken])
+    real = prom.free_port
+    monkeypatch.setattr(prom, "free_port", lambda: next(picks, None) or real())
+    server = prom.Prometheus(tmp_path / "prometheus")
+    try:
+        server.start()
+        assert server.port not in (0, taken)
+        assert prom.Prometheus(tmp_path / "prometheus").port == server.port  # recorded
+    finally:
+        server.stop()
+        held.close()
+    monkeypatch.setenv(prom.PORT_ENV, "9191")
+    assert prom.default_port() == 9191
+
+
+def test_scraped_values_reads_every_series_of_a_name_and_refuses_a_broken_page():
+    page = (
+        "# HELP vllm:num_requests_running Running requests.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{model_name="a"} 2.0\n'
+        'vllm:num_requests_running{model_name="b"} 3 1700000000000\n'
+        'vllm:num_requests_waiting{model_name="a"} 1\n'
+        "prometheus_config_last_reload_successful 1\n"
+    )
+    assert scraped_values(page, {"vllm:num_requests_running"}) == [2.0, 3.0]
+    assert scraped_values(page, {"vllm:num_requests_waiting", "nothing"}) == [1.0]
+    assert scraped_values(page, {"absent"}) == []
+    with pytest.raises(ValueError):
+        scraped_values(page + 'vllm:num_requests_waiting{model_name="b"} many\n', {"x"})
+
+
+def test_reload_reads_prometheus_own_metrics_and_says_when_it_refused(tmp_path, monkeypatch):
+    # Real prometheus: reload() waits for the reload timestamp on its /metrics page to move,
+    # and reads its 'last reload successful' gauge going to 0 as a refusal.
+    from llm_release.canary import prometheus as prom
+    from llm_release.errors import MetricsError
+
+    monkeypatch.setenv(prom.PORT_ENV, "auto")
+    server = prom.Prometheus(tmp_path / "prometheus")
+    try:
+        server.start()
+        ok, before = server._reload_state()
+        assert ok == 1 and before > 1.7e9
+        server.reload()
+        assert server._reload_state()[1] > before
+        server.config_path.write_text("global: [not, a, mapping]\n")
+        with pytest.raises(MetricsError, match="refused its new config"):
+            server.reload()
+    finally:
+        server.stop()

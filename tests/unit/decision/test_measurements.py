@@ -1,0 +1,39 @@
+"""The champion's measurement is reused only when its fingerprint matches; the fingerprint
+must not change when the same settings are read back from the release record."""
+
+import json
+
+from llm_release.config import EvalConfig, LoadProfile, ServingConfig
+from llm_release.decision.measurements import _canonical
+from llm_release.registry import Release
+
+
+def test_settings_read_back_from_a_release_record_fingerprint_alike():
+    serving = ServingConfig(enforce_eager=True, max_model_len=512, max_num_seqs=4)
+    record = Release(
+        release_id="r",
+        candidate="baseline",
+        scheme="unquantized",
+        repo_id="a/b",
+        commit="c" * 40,
+        model_dir="/m",
+        public_name="b",
+        port=1,
+        pid=1,
+        log_path="/l",
+        serving=serving,
+    )
+    loaded = Release.model_validate_json(record.model_dump_json()).serving
+    # What broke the reuse: a float field's int default dumps as 4, read back as 4.0.
+    raw = [json.dumps(s.model_dump(), sort_keys=True) for s in (serving, loaded)]
+    canonical = [json.dumps(_canonical(s), sort_keys=True) for s in (serving, loaded)]
+    assert canonical[0] == canonical[1]
+    assert raw[0] != raw[1] or "shm_size_gib" not in serving.model_dump()
+
+
+def test_canonical_keeps_what_differs():
+    a = _canonical(ServingConfig(max_num_seqs=4), exclude={"startup_timeout_s"})
+    b = _canonical(ServingConfig(max_num_seqs=8), exclude={"startup_timeout_s"})
+    assert a != b and "startup_timeout_s" not in a
+    assert _canonical(EvalConfig()) == _canonical(EvalConfig.model_validate({}))
+    assert _canonical(LoadProfile(concurrencies=[2, 8])) != _canonical(LoadProfile())

@@ -1,0 +1,191 @@
+"""Reading GuideLLM's report, and running again a level it closed before all requests ran."""
+
+import json
+from pathlib import Path
+
+import pytest
+from guidellm.benchmark.schemas.report import GenerativeBenchmarksReport
+
+from llm_release.config import LoadProfile
+from llm_release.errors import LoadTestError
+from llm_release.load import loadtest
+from llm_release.results import LoadLevel
+
+DATA = Path(__file__).parents[1] / "data"
+# A real GuideLLM 0.8.1 report (a release on a 2-core host, vLLM CPU): concurrency 1 was
+# closed after 2 of 4 requests while the others were still queued (per-request records
+# dropped to keep the file small). Read by GuideLLM's own report model.
+CLOSED_EARLY = loadtest.read_report(DATA / "guidellm_level_closed_early.json")
+
+
+def level(concurrency: int, requests: int, planned: int = 4, time_limited=False) -> LoadLevel:
+    return LoadLevel(
+        concurrency=concurrency,
+        requests=requests,
+        requests_planned=planned,
+        time_limited=time_limited,
+        errors=0,
+        error_rate=0.0,
+        ttft_p50_ms=10.0,
+        ttft_p95_ms=20.0 + requests,
+        itl_p50_ms=1.0,
+        itl_p95_ms=2.0,
+        output_tokens_per_s=100.0,
+        requests_per_s=1.0,
+    )
+
+
+def test_a_level_closed_early_is_recognised_in_a_real_report():
+    levels = loadtest.parse_report(CLOSED_EARLY, requests_planned=4)
+    assert [(lv.concurrency, lv.requests) for lv in levels] == [(1, 2), (2, 4)]
+    assert not any(lv.time_limited for lv in levels)
+    assert levels[0].ttft_p95_ms > 0
+    assert loadtest.short_levels(levels) == [1]
+
+
+def test_a_level_stopped_by_the_time_limit_is_not_run_again():
+    report = json.loads((DATA / "guidellm_level_closed_early.json").read_text())
+    state = report["benchmarks"][0]["scheduler_state"]
+    state["end_queuing_constraints"] = {"max_duration": {"request_queuing": "stop"}}
+    levels = loadtest.parse_report(
+        GenerativeBenchmarksReport.model_validate(report), requests_planned=4
+    )
+    assert levels[0].time_limited
+    assert loadtest.short_levels(levels) == []
+
+
+def fake_guidellm(monkeypatch, runs: list[list[LoadLevel]]) -> list[list[int]]:
+    """Replace only the subprocess: each call returns the next run's levels."""
+    asked: list[list[int]] = []
+
+    def run(base_url, served_name, tokenizer_dir, profile, report_path, log_path, **kwargs):
+        asked.append(list(profile.concurrencies))
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(loadtest, "_run_guidellm", run)
+    return asked
+
+
+PROFILE = LoadProfile(concurrencies=[1, 2], requests_per_level=4)
+
+
+def test_only_the_short_level_runs_again_and_the_full_measurement_is_kept(monkeypatch, tmp_path):
+    asked = fake_guidellm(monkeypatch, [[level(1, 2), level(2, 4)], [level(1, 4)]])
+    result = loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+    assert asked == [[1, 2], [1]]
+    assert [(lv.concurrency, lv.requests) for lv in result.levels] == [(1, 4), (2, 4)]
+    assert result.attempts == 2 and result.notes == []
+
+
+def test_a_level_short_in_every_run_is_kept_with_a_note(monkeypatch, tmp_path):
+    runs = [[level(1, 2), level(2, 4)], [level(1, 3)], [level(1, 1)]]
+    asked = fake_guidellm(monkeypatch, runs)
+    result = loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+    assert asked == [[1, 2], [1], [1]]
+    assert result.levels[0].requests == 3
+    assert result.notes == [
+        "concurrency 1: 3 of 4 requests (GuideLLM closed the level early in each of 3 runs)"
+    ]
+
+
+def test_a_level_never_reported_fails_the_load_test(monkeypatch, tmp_path):
+    fake_guidellm(monkeypatch, [[level(1, 4)], [], []])
+    with pytest.raises(LoadTestError, match=r"no benchmark for concurrency \[2\]"):
+        loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+
+
+def guidellm_exiting(monkeypatch, output: str):
+    """Replace only the subprocess: GuideLLM prints ``output`` and exits with 1."""
+    import subprocess
+
+    def run(cmd, stdout, **kwargs):
+        stdout.write(output.encode())
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(loadtest.subprocess, "run", run)
+
+
+def test_a_level_with_no_request_recorded_is_run_again_not_failed(monkeypatch, tmp_path):
+    guidellm_exiting(
+        monkeypatch,
+        "Traceback (most recent call last):\nValueError: Cannot compile GenerativeMetrics: "
+        "No measurement start or end times available.\n",
+    )
+    levels = loadtest._run_guidellm(
+        "http://x", "m", tmp_path, PROFILE, tmp_path / "g.json", tmp_path / "g.log"
+    )
+    assert levels == []  # run_load_test then runs the level again (see the tests above)
+
+
+def test_any_other_guidellm_failure_fails_with_its_log_tail(monkeypatch, tmp_path):
+    guidellm_exiting(monkeypatch, "ValueError: the backend refused the connection\n")
+    with pytest.raises(LoadTestError, match="(?s)exited with 1.*refused the connection"):
+        loadtest._run_guidellm(
+            "http://x", "m", tmp_path, PROFILE, tmp_path / "g.json", tmp_path / "g.log"
+        )
+
+
+# A real GuideLLM 0.8.1 report, run with the SLO (--metrics slo: ttft_ms 60, tpot_ms 50)
+# against GuideLLM's own mock server (TTFT 20 ms, ITL 5 ms, 8 tokens, one request at a time)
+# at 1 and 4 streams, 8 requests each, on a busy 2-core host (per-request records dropped to
+# keep the file small).
+WITH_SLO = loadtest.read_report(DATA / "guidellm_slo_report.json")
+
+
+def test_guidellm_is_given_the_slo_and_its_attainment_is_read_back():
+    from llm_release.config import Gates
+
+    slo = loadtest.slo_for(Gates(ttft_p95_slo_s=0.06, itl_p95_slo_ms=50))
+    cmd = loadtest.build_command(
+        "http://x", "m", Path("/tok"), LoadProfile(), Path("/r.json"), slo=slo
+    )
+    metrics = json.loads(cmd[cmd.index("--metrics") + 1])
+    assert metrics == {"kind": "generative", "slo": {"ttft_ms": 60.0, "tpot_ms": 50.0}}
+    # the report GuideLLM wrote with that argument says it measured against the same SLO
+    assert all(b.config.slo.ttft_ms == 60.0 for b in WITH_SLO.benchmarks)
+    levels = loadtest.parse_report(WITH_SLO, requests_planned=8)
+    assert [(lv.concurrency, lv.slo_attainment) for lv in levels] == [(1, 0.75), (4, 1.0)]
+    assert 4 < levels[0].goodput_rps < 5 and 34 < levels[1].goodput_rps < 35
+    # no SLO given: no --metrics, and a report without it parses to None
+    assert "--metrics" not in loadtest.build_command(
+        "http://x", "m", Path("/tok"), LoadProfile(), Path("/r.json")
+    )
+    without = WITH_SLO.model_copy(deep=True)
+    for bench in without.benchmarks:
+        bench.metrics.slo_attainment = bench.metrics.request_goodput = None
+    assert [(lv.slo_attainment, lv.goodput_rps) for lv in loadtest.parse_report(without)] == [
+        (None, None),
+        (None, None),
+    ]
+
+
+def test_a_file_that_is_not_a_guidellm_report_is_one_line(tmp_path):
+    path = tmp_path / "guidellm.json"
+    path.write_text('{"benchmarks": [{"config": {}}]}')
+    with pytest.raises(LoadTestError, match="is not a GuideLLM report") as caught:
+        loadtest.read_report(path)
+    assert "\n" not in caught.value.one_line()
+
+
+def test_goodput_of_a_real_report_is_the_highest_level_within_the_slo():
+    from llm_release.results import Slo
+
+    levels = loadtest.parse_report(WITH_SLO, requests_planned=8)
+    # TTFT p95 272 ms at 1 stream (its first requests met a cold server), 53 ms at 4;
+    # ITL p95 12.7 ms and 11.9 ms
+    tight = loadtest.goodput(levels, Slo(ttft_p95_ms=60, itl_p95_ms=50, max_error_rate=0.01))
+    # 4 streams meet this SLO, but a level above a missed one does not count
+    assert tight.concurrency == 0 and tight.failures == {1: "TTFT p95 272 ms > 60 ms"}
+    loose = loadtest.goodput(levels, Slo(ttft_p95_ms=300, itl_p95_ms=50, max_error_rate=0.01))
+    assert loose.concurrency == 4 and loose.failures == {}
+    assert loose.output_tokens_per_s == levels[1].output_tokens_per_s
+    itl = loadtest.goodput(levels, Slo(ttft_p95_ms=300, itl_p95_ms=12, max_error_rate=0.01))
+    assert (itl.concurrency, itl.failures) == (0, {1: "ITL p95 13 ms > 12 ms"})
+
+
+def test_the_tuner_and_the_ranking_share_one_goodput():
+    from llm_release.decision import select
+    from llm_release.serving import tune
+
+    assert tune.goodput is loadtest.goodput and select.goodput is loadtest.goodput
+    assert tune.level_verdict is loadtest.level_verdict

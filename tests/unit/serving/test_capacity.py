@@ -1,0 +1,143 @@
+"""The release is sized before any download: a setting that cannot hold one sequence stops it."""
+
+import pytest
+
+from llm_release.config import ReleaseConfig
+from llm_release.errors import ConfigError
+from llm_release.hardware import CpuInfo, Hardware
+from llm_release.hub.hub_headers import ModelFiles
+from llm_release.serving.capacity import plan_release
+from tests.unit.sizing.test_planner import llama
+
+CPU = Hardware(cpu=CpuInfo(model_name="cpu", cores=2, flags=["avx2"]), machine="x86_64")
+
+
+def release(max_model_len: int) -> ReleaseConfig:
+    return ReleaseConfig.model_validate(
+        {
+            "source": {"repo_id": "meta/llama-3-8b"},
+            "serving": {"dtype": "bfloat16", "max_model_len": max_model_len},
+        }
+    )
+
+
+def test_a_serving_config_that_cannot_fit_is_refused_naming_the_number():
+    llama3_8b = llama(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=32768,
+    )
+    files = ModelFiles(source="hub", config=llama3_8b, tensors={}, shards=[])
+    # Llama-3-8B keeps 128 KiB of KV per token in bf16: 1 GiB of CPU KV space holds 8,192.
+    ok = plan_release(release(4096), CPU, files)
+    assert ok.fits and ok.options[0].kv_cache_tokens == 8192
+    with pytest.raises(ConfigError) as caught:
+        plan_release(release(16384), CPU, files)
+    assert "16,384" in caught.value.message or "16384" in caught.value.message
+    assert "max_model_len" in caught.value.hint
+
+
+# ---------------------------------------------------------------- max_num_seqs from the plan
+
+GPU = Hardware(
+    cpu=CpuInfo(model_name="cpu", cores=16, flags=["avx2"]), machine="x86_64", gpus=["H200"]
+)
+
+
+def _model_dir(tmp_path, **over):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    cfg = llama(**over)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(
+        {"model.embed_tokens.weight": torch.zeros(cfg["vocab_size"], cfg["hidden_size"])},
+        folder / "model.safetensors",
+    )
+    return folder
+
+
+def test_a_gpu_server_gets_the_sequences_its_kv_cache_holds(tmp_path):
+    from llm_release.config import ServingConfig
+    from llm_release.serving.capacity import plan_for_dir, resolve_batch
+
+    # 64 layers of 8 KV heads × 128 at 32k tokens: 8 GiB per sequence, so an 80 GiB card
+    # (assumed here: no GPU) at 0.9 holds a handful, far under vLLM's 1024
+    folder = _model_dir(
+        tmp_path,
+        num_hidden_layers=64,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=32768,
+    )
+    serving = ServingConfig(max_model_len=32768, dtype="bfloat16")
+    resolved = resolve_batch(folder, serving, GPU)
+    expected = int(
+        plan_for_dir(folder, serving.model_copy(update={"max_num_seqs": 1}), GPU)
+        .options[0]
+        .max_concurrency
+    )
+    assert 1 <= resolved.max_num_seqs == expected < 16
+    assert serving.max_num_seqs is None  # the config itself is left as it was
+
+
+def test_a_small_model_on_a_gpu_is_capped_at_vllms_own_default(tmp_path):
+    from llm_release.config import GPU_MAX_NUM_SEQS_CAP, ServingConfig
+    from llm_release.serving.capacity import resolve_batch
+
+    folder = _model_dir(tmp_path)
+    resolved = resolve_batch(folder, ServingConfig(max_model_len=2048, dtype="bfloat16"), GPU)
+    assert resolved.max_num_seqs == GPU_MAX_NUM_SEQS_CAP == 1024
+
+
+def test_cpu_default_and_an_explicit_value_are_kept(tmp_path):
+    from llm_release.config import CPU_MAX_NUM_SEQS, ServingConfig
+    from llm_release.serving.capacity import resolve_batch
+
+    folder = _model_dir(tmp_path)
+    assert resolve_batch(folder, ServingConfig(), CPU).max_num_seqs == CPU_MAX_NUM_SEQS == 16
+    assert resolve_batch(folder, ServingConfig(max_num_seqs=7), GPU).max_num_seqs == 7
+
+
+def test_the_server_command_carries_the_resolved_value(tmp_path):
+    from pathlib import Path
+
+    from llm_release.config import ServingConfig
+    from llm_release.serving.capacity import resolve_batch
+    from llm_release.serving.serve import vllm_args
+
+    folder = _model_dir(tmp_path)
+    serving = resolve_batch(folder, ServingConfig(max_model_len=2048, dtype="bfloat16"), GPU)
+    args = vllm_args(Path(folder), "127.0.0.1", 8000, ["m"], serving, cuda=True)
+    assert args[args.index("--max-num-seqs") + 1] == "1024"
+
+
+def test_a_config_only_folder_is_sized_from_its_parameter_count(tmp_path):
+    # a full-size shape served with --load-format dummy has no weight shards to read
+    import json
+
+    from llm_release.config import ServingConfig
+    from llm_release.serving.capacity import plan_for_dir
+    from llm_release.sizing import estimate_params, parse_config
+
+    folder = tmp_path / "shape"
+    folder.mkdir()
+    cfg = llama(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    )
+    (folder / "config.json").write_text(json.dumps(cfg))
+    result = plan_for_dir(folder, ServingConfig(dtype="bfloat16"), GPU)
+    assert result.weights.source == "estimate"
+    assert result.weights.total_bytes == 2 * estimate_params(parse_config(cfg)).total > 14e9

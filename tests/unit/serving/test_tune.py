@@ -1,0 +1,133 @@
+"""The tuner's search on synthetic goodput surfaces: it finds the grid's optimum with fewer
+measurements than the exhaustive sweep and never starts a setting that cannot fit."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import pytest
+
+from llm_release.config import ServingConfig, TuneConfig
+from llm_release.results import LoadLevel, Setting, Slo
+from llm_release.serving.tune import Grid, Tuner, apply_setting, drop_flag, static_problem
+
+SLO = Slo(ttft_p95_ms=3000, itl_p95_ms=200, max_error_rate=0.01)
+LEVELS = [1, 2, 4, 8, 16, 32]
+
+
+def level(c: int, ttft_ms: float, rps: float = 1.0) -> LoadLevel:
+    return LoadLevel(
+        concurrency=c,
+        requests=8,
+        errors=0,
+        error_rate=0.0,
+        ttft_p50_ms=ttft_ms / 2,
+        ttft_p95_ms=ttft_ms,
+        itl_p50_ms=20,
+        itl_p95_ms=40,
+        output_tokens_per_s=rps * 32,
+        requests_per_s=rps,
+    )
+
+
+class Surface:
+    """A server whose TTFT grows once the load passes what the setting can serve."""
+
+    def __init__(self, capacity) -> None:
+        self.capacity = capacity  # setting -> highest concurrency served under the SLO
+        self.started: list[Setting] = []
+        self.levels = 0
+
+    @contextmanager
+    def session(self, setting: Setting):
+        self.started.append(setting)
+
+        def probe(c: int) -> LoadLevel:
+            self.levels += 1
+            cap = self.capacity(setting)
+            return level(c, 1000 if c <= cap else 5000, rps=c * 0.5 + setting.max_num_seqs * 0.01)
+
+        yield probe
+
+
+def capacity(setting: Setting) -> int:
+    # More seqs help up to 8; a small batch budget hurts; prefix caching is neutral.
+    cap = min(setting.max_num_seqs, 8)
+    if setting.max_num_batched_tokens is not None and setting.max_num_batched_tokens < 512:
+        cap = max(1, cap // 2)
+    return cap
+
+
+GRID = Grid(
+    max_num_seqs=[1, 2, 4, 8, 16, 32, 64],
+    max_num_batched_tokens=[256, 1024, None],
+    enable_prefix_caching=[True, False],
+)
+
+
+def test_coordinate_finds_the_optimum_with_fewer_measurements() -> None:
+    full_surface, tuned_surface = Surface(capacity), Surface(capacity)
+    full = Tuner(GRID, LEVELS, SLO, full_surface.session, lambda s: None, step_tokens=160)
+    best = full.exhaustive()
+    tuner = Tuner(
+        GRID, LEVELS, SLO, tuned_surface.session, lambda s: None, step_tokens=160, max_settings=20
+    )
+    start = Setting(max_num_seqs=2, max_num_batched_tokens=256)  # a poor start on purpose
+    found = tuner.coordinate(start)
+    assert best.chosen_goodput == 8
+    assert found.chosen_goodput == best.chosen_goodput
+    assert len(tuned_surface.started) < len(full_surface.started) / 3
+    assert tuned_surface.levels < full_surface.levels / 3
+    # equivalent settings (seqs ≥ the top level) were measured once at most
+    assert len(set(tuned_surface.started)) == len(tuned_surface.started)
+
+
+def test_racing_stops_a_challenger_after_one_level() -> None:
+    surface = Surface(lambda s: 16 if s.max_num_seqs >= 32 else 2)
+    grid = Grid(max_num_seqs=[16, 32])
+    tuner = Tuner(grid, LEVELS, SLO, surface.session, lambda s: None, step_tokens=160)
+    result = tuner.coordinate(Setting(max_num_seqs=32))
+    assert result.chosen == Setting(max_num_seqs=32)
+    raced = next(t for t in result.trials if t.setting.max_num_seqs == 16)
+    assert raced.below == 16 and len(raced.levels) == 1
+
+
+def test_never_starts_a_setting_the_planner_refuses() -> None:
+    refused = {s for s in GRID.points() if s.max_num_seqs >= 8}
+
+    def fits(setting: Setting) -> str | None:
+        return "KV cache holds 0.5 sequences" if setting in refused else None
+
+    for strategy in ("coordinate", "exhaustive"):
+        surface = Surface(capacity)
+        tuner = Tuner(GRID, LEVELS, SLO, surface.session, fits, step_tokens=160, max_settings=50)
+        result = (
+            tuner.coordinate(Setting(max_num_seqs=32))
+            if strategy == "coordinate"
+            else (tuner.exhaustive())
+        )
+        assert surface.started and not refused & set(surface.started)
+        assert result.chosen is not None and result.chosen not in refused
+        assert result.chosen_goodput == 4  # the best of what fits
+        assert any(p.setting in refused for p in result.pruned)
+
+
+def test_static_problem_and_serving_args() -> None:
+    assert static_problem(Setting(max_num_seqs=16, max_num_batched_tokens=8))
+    assert static_problem(Setting(max_num_seqs=16, max_num_batched_tokens=16)) is None
+    serving = ServingConfig(extra_args=["--max-num-batched-tokens=64", "--enforce-eager"])
+    tuned = apply_setting(
+        serving,
+        Setting(max_num_seqs=4, max_num_batched_tokens=512, enable_prefix_caching=False),
+    )
+    assert tuned.extra_args == ["--enforce-eager", "--max-num-batched-tokens", "512"]
+    assert (tuned.max_num_seqs, tuned.enable_prefix_caching) == (4, False)
+    assert drop_flag(["--max_num_batched_tokens", "8", "-x"], "--max-num-batched-tokens") == ["-x"]
+
+
+def test_tune_config_is_off_and_strict() -> None:
+    assert TuneConfig().enabled is False
+    with pytest.raises(ValueError):
+        TuneConfig(max_num_seqs=[])
+    with pytest.raises(ValueError):
+        TuneConfig(unknown=1)

@@ -1,0 +1,122 @@
+"""The planner against what vLLM reported on a real GPU: a regression table built from the
+GPU proof's records (docs/gpu-serving-*.jsonl) and the shared 1.17B Llama figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llm_release.sizing import PlanRequest, WeightBytes, estimate_weights, parse_config, plan
+
+ROOT = Path(__file__).resolve().parents[3]
+DATA = Path(__file__).parents[1] / "data" / "gpu"
+H200_BYTES = 150_109_880_320  # torch.cuda.get_device_properties(0).total_memory on the H200
+GiB = 2**30
+TOLERANCE = 0.005  # issue 21: within 0.5% of vLLM's KV tokens, with no learned correction
+CONFIGS = {"SmolLM2-135M-Instruct": "smollm2-135m-instruct.config.json"}
+# ../shared/gpu/README.md's random 1.17B Llama (vllm_make_model.py defaults)
+SHARED_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 8192,
+    "vocab_size": 49152,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def _records() -> list[dict]:
+    rows = []
+    for path in sorted((ROOT / "docs").glob("gpu-serving-*.jsonl")):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kv_tokens_vllm") and rec["model"] in CONFIGS:
+                rows.append(rec)
+    return rows
+
+
+RECORDS = _records()
+
+
+def test_the_table_has_every_scheme_of_the_real_model():
+    assert {r["scheme"] for r in RECORDS} >= {"bf16", "FP8_DYNAMIC", "W4A16_AWQ"}
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=lambda r: f"{r['model']}-{r['scheme']}")
+def test_planner_within_half_a_percent_of_vllm_on_the_h200(rec):
+    # The planner's weight bytes (from the candidate's safetensors headers) as it recorded
+    # them: its budget minus its overhead and KV memory.
+    budget = H200_BYTES / GiB * rec["gpu_memory_utilization"]
+    weights = int((budget - rec["planner_overhead_gib"] - rec["planner_kv_memory_gib"]) * GiB)
+    assert 0 < weights < 0.3 * GiB
+    cfg = json.loads((DATA / CONFIGS[rec["model"]]).read_text())
+    result = plan(
+        parse_config(cfg),
+        WeightBytes(source="safetensors", total_bytes=weights, by_dtype={"mixed": weights}),
+        PlanRequest(
+            device="gpu",
+            gpu_memory_gib=H200_BYTES / GiB,
+            gpu_counts=[1],
+            gpu_memory_utilization=rec["gpu_memory_utilization"],
+            max_model_len=rec["max_model_len"],
+        ),
+    )
+    tokens = result.options[0].kv_cache_tokens
+    error = (tokens - rec["kv_tokens_vllm"]) / rec["kv_tokens_vllm"]
+    assert abs(error) <= TOLERANCE, f"planner {tokens:,} vs vLLM {rec['kv_tokens_vllm']:,}"
+    # the old 1.5 GiB reserve put it 1.0% under (what the records themselves show)
+    assert rec["kv_tokens_error"] < -TOLERANCE
+
+
+@pytest.mark.parametrize(("util", "vllm_tokens"), [(0.9, 4_025_520), (0.5, 2_195_040)])
+def test_shared_llama_figures(util, vllm_tokens):
+    # ../shared/gpu/README.md: random 1.17B Llama (vllm_make_model.py defaults), bf16,
+    # max_model_len 4096, vLLM 0.26 on the H200
+    cfg = SHARED_LLAMA
+    arch = parse_config(cfg)
+    result = plan(
+        arch,
+        estimate_weights(arch, "bf16"),
+        PlanRequest(
+            device="gpu",
+            gpu_memory_gib=H200_BYTES / GiB,
+            gpu_counts=[1],
+            gpu_memory_utilization=util,
+            max_model_len=4096,
+        ),
+    )
+    tokens = result.options[0].kv_cache_tokens
+    assert abs(tokens - vllm_tokens) / vllm_tokens <= TOLERANCE
+
+
+def test_online_fp8_is_seen_by_the_planner():
+    # The shared 1.17B Llama served from its bf16 folder: vLLM 0.26 logged 4,025,520 KV tokens
+    # as bf16 and 4,057,088 for the compressed-tensors FP8_DYNAMIC folder of the same model
+    # (linear layers in FP8, the rest bf16), the memory layout --quantization fp8 also gives.
+    from llm_release.config import ServingConfig
+    from llm_release.sizing import request_for_serving
+
+    cfg = SHARED_LLAMA
+    arch = parse_config(cfg)
+    serving = ServingConfig(max_model_len=4096, extra_args=["--quantization", "fp8"])
+    request = request_for_serving(
+        serving, device="gpu", gpu_memory_gib=H200_BYTES / GiB, dtype="bfloat16"
+    )
+    assert request.online_quantization == "fp8"
+    online = plan(arch, estimate_weights(arch, "bf16"), request)
+    plain = plan(
+        arch,
+        estimate_weights(arch, "bf16"),
+        request.model_copy(update={"online_quantization": "none"}),
+    )
+    tokens = online.options[0].kv_cache_tokens
+    assert abs(tokens - 4_057_088) / 4_057_088 <= TOLERANCE
+    assert plain.options[0].kv_cache_tokens < tokens
+    assert online.options[0].weights_per_gpu_bytes < 0.6 * plain.options[0].weights_per_gpu_bytes
