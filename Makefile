@@ -14,6 +14,8 @@ SERVING_BACKEND ?= process
 export LLM_RELEASE_ROUTER_PORT := $(ROUTER_PORT)
 PROMETHEUS_PORT ?= 9090
 export LLM_RELEASE_PROMETHEUS_PORT := $(PROMETHEUS_PORT)
+ALERTMANAGER_PORT ?= 9093
+export LLM_RELEASE_ALERTMANAGER_PORT := $(ALERTMANAGER_PORT)
 PY := .venv/bin/python
 CLI := .venv/bin/llm-release
 PIDS := $(LLM_RELEASE_HOME)/pids
@@ -25,7 +27,7 @@ PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 help:
 	@echo "make demo      set up everything, release SmolLM2-135M-Instruct, then walk its next revision as a canary"
 	@echo "make test      set up everything and run the whole test suite"
-	@echo "make down      stop every server the project started (Prometheus keeps its data)"
+	@echo "make down      stop every server the project started (Prometheus and Alertmanager keep their data)"
 	@echo "make image     build the docker backend's vLLM CPU image (reused while its inputs hold)"
 	@echo "make worker-up deploy prefect.yaml and start a process worker (what the UI's Run button needs)"
 	@echo "make demo SERVING_BACKEND=docker   the demo with vLLM in containers"
@@ -59,7 +61,8 @@ prefect-up: setup
 	  curl -sf $(PREFECT_API)/health >/dev/null || { echo "Prefect server did not start; see $(LLM_RELEASE_HOME)/prefect-server.log"; exit 1; }; \
 	fi
 	@# Idempotent: the project's block types, the host-slot limit, and (NOTIFY_WEBHOOK=URL)
-	@# the automations that post failed runs and rollbacks to that webhook.
+	@# the automations that post failed runs and rollbacks to that webhook, and Alertmanager's
+	@# receiver of the alerts that fire (the same URL, saved under the project home).
 	@PREFECT_API_URL=$(PREFECT_API) $(PY) -m flows.control $(if $(NOTIFY_WEBHOOK),--webhook-url $(NOTIFY_WEBHOOK))
 
 # The work pool, every deployment of prefect.yaml, and one process worker (its log:
@@ -115,6 +118,7 @@ demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
 	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl -H \"Authorization: Bearer \$$(cat $(LLM_RELEASE_HOME)/router/client.key)\" http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
 	echo "Prometheus: http://127.0.0.1:$(PROMETHEUS_PORT)  (data: $(LLM_RELEASE_HOME)/prometheus)"; \
+	echo "Alertmanager: http://127.0.0.1:$(ALERTMANAGER_PORT)  (alerts to NOTIFY_WEBHOOK of make prefect-up)"; \
 	$(CLI) canary status
 
 status:

@@ -1,6 +1,6 @@
 """The control room's one-time setup against a running Prefect API (make prefect-up runs it;
 each step is idempotent): the project's block types, the host-slot limit, and, given a
-webhook URL, the notifications of failed runs and rollbacks."""
+webhook URL, the notifications of failed runs, rollbacks and firing alerts."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from prefect.events.actions import CallWebhook
 from prefect.events.schemas.automations import AutomationCore, EventTrigger, Posture
 
 from blocks.hub import HubCredentials
+from llm_release.canary import alertmanager
 from llm_release.errors import ConfigError
 from tasks.notify import ROLLBACK_EVENT
 from tasks.slots import ensure_host_limit
@@ -80,6 +81,8 @@ def setup_notifications(webhook_url: str) -> list[str]:
         )
     url = webhook_url
     block_id = Webhook(url=url, method="POST").save(WEBHOOK_BLOCK, overwrite=True)
+    # The alerts that fire go to the same URL, through the project's Alertmanager.
+    alertmanager.for_home().save_webhook_url(url)
     names = []
     with get_client(sync_client=True) as client:
         for automation in automations(block_id):
@@ -101,6 +104,7 @@ def main() -> None:
         if args.webhook_url:
             for name in setup_notifications(args.webhook_url):
                 print(f"automation: {name} -> webhook block {WEBHOOK_BLOCK}")
+            print("alerts: Alertmanager -> the same webhook")
     except ConfigError as exc:
         raise SystemExit(f"error: {exc.one_line()}") from None
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what the project needs on a fresh machine. Idempotent: a finished step is skipped.
-#   - Debian: haproxy (the load balancer), prometheus (metrics; ships promtool), docker.io
+#   - Debian: haproxy (the load balancer), prometheus (metrics; ships promtool),
+#     prometheus-alertmanager (routes the alerts to the webhook; ships amtool), docker.io
 #     and debootstrap (the docker serving backend and its locally built vLLM CPU image:
 #     'llm-release image build'); dockerd is started when it is not running; chromium
 #     (headless, for the test that screenshots the Prefect UI's run page; no recommends)
@@ -18,6 +19,8 @@ fi
 need=()
 command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 { command -v prometheus && command -v promtool; } >/dev/null 2>&1 || need+=(prometheus)
+{ command -v prometheus-alertmanager && command -v amtool; } >/dev/null 2>&1 ||
+  need+=(prometheus-alertmanager)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
@@ -25,8 +28,9 @@ if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
   # The packages' postinst would start system services (Debian's Prometheus listens on
-  # every interface at :9090). The project starts its own, on 127.0.0.1: a policy-rc.d
-  # refuses every service start during the install, unless the machine has its own.
+  # every interface at :9090, its Alertmanager at :9093 and gossips on :9094). The project
+  # starts its own, on 127.0.0.1: a policy-rc.d refuses every service start during the
+  # install, unless the machine has its own.
   policy=/usr/sbin/policy-rc.d
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod 755 "$policy"
@@ -35,7 +39,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -q
   others=()
   for pkg in "${need[@]}"; do
-    case "$pkg" in prometheus | chromium) ;; *) others+=("$pkg") ;; esac
+    case "$pkg" in prometheus | prometheus-alertmanager | chromium) ;; *) others+=("$pkg") ;; esac
   done
   if [ ${#others[@]} -gt 0 ]; then
     apt-get install -y -q "${others[@]}"
@@ -44,17 +48,19 @@ if [ ${#need[@]} -gt 0 ]; then
     # 13 s with no recommends (fonts, a desktop's helpers); headless needs none of them.
     apt-get install -y -q --no-install-recommends chromium
   fi
-  if [[ " ${need[*]} " == *" prometheus "* ]]; then
+  for pkg in prometheus prometheus-alertmanager; do
+    [[ " ${need[*]} " == *" $pkg "* ]] || continue
     # No recommends: prometheus recommends prometheus-node-exporter, another service.
-    apt-get install -y -q --no-install-recommends prometheus
-    # Nor at boot (it would take :9090 from the project's Prometheus).
+    apt-get install -y -q --no-install-recommends "$pkg"
+    # Nor at boot (they would take :9090 and :9093 from the project's own, which it starts
+    # on 127.0.0.1 with its files under the project home).
     if [ -d /run/systemd/system ]; then
-      systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+      systemctl disable --now "$pkg.service" >/dev/null 2>&1 || true
     else
-      update-rc.d prometheus disable >/dev/null 2>&1 || true
-      /etc/init.d/prometheus status >/dev/null 2>&1 && /etc/init.d/prometheus stop || true
+      update-rc.d "$pkg" disable >/dev/null 2>&1 || true
+      /etc/init.d/"$pkg" status >/dev/null 2>&1 && /etc/init.d/"$pkg" stop || true
     fi
-  fi
+  done
 fi
 
 # dockerd runs here as a plain background process (no systemd on these machines); a host

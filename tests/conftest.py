@@ -45,8 +45,10 @@ def home(monkeypatch) -> Path:
     """A fresh LLM_RELEASE_HOME with a short path (HAProxy's unix socket limit)."""
     directory = Path(tempfile.mkdtemp(prefix="llmr-", dir="/tmp"))
     monkeypatch.setenv("LLM_RELEASE_HOME", str(directory))
-    # A release starts a Prometheus: one per home on a port of its own, never :9090.
+    # A release starts a Prometheus and an Alertmanager: one per home on ports of their own,
+    # never :9090 and :9093.
     monkeypatch.setenv("LLM_RELEASE_PROMETHEUS_PORT", "auto")
+    monkeypatch.setenv("LLM_RELEASE_ALERTMANAGER_PORT", "auto")
     yield directory
     # Whatever a test left running behind the registry is stopped here.
     from llm_release.canary.promote import down

@@ -21,6 +21,15 @@ def _print_status(as_json: bool) -> None:
         return
     print(f"load balancer: {info['lb_url']} ({'running' if info['router_running'] else 'stopped'})")
     print(f"  API key (Authorization: Bearer): {info['api_key_file']}")
+    alerts = info["alertmanager"]
+    print(
+        f"alertmanager: {alerts['url']} ({'running' if alerts['running'] else 'stopped'}), "
+        + (
+            f"notifies {alerts['notifies']}"
+            if alerts["notifies"]
+            else "notifies nobody (make prefect-up NOTIFY_WEBHOOK=URL)"
+        )
+    )
     if not info["releases"]:
         print("no releases yet")
     for rel in info["releases"]:

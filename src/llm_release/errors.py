@@ -95,6 +95,10 @@ class AlertRulesError(MetricsError):
     """An alert rule file was rejected by promtool or by Prometheus."""
 
 
+class AlertmanagerError(MetricsError):
+    """Alertmanager could not be started, or its config was refused by amtool or by it."""
+
+
 class TrafficError(ConfigError):
     """Demo traffic refused before anything was sent: a target off this machine, bad rates."""
 

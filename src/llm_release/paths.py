@@ -59,6 +59,12 @@ def prometheus_dir() -> Path:
     return home() / "prometheus"
 
 
+def alertmanager_dir() -> Path:
+    """Alertmanager's config, the operator's webhook URL and its data (silences and the
+    notification log, so a restart does not page again): kept by 'make down'."""
+    return home() / "alertmanager"
+
+
 def probes_dir() -> Path:
     """Cached runtime probes (served dtype, scheme support), keyed by host and runtime
     version; shared across runs and, in tests, across test homes."""

@@ -6,7 +6,7 @@ import shutil
 import socket
 
 from llm_release import door, paths
-from llm_release.canary import prometheus
+from llm_release.canary import alertmanager, prometheus
 from llm_release.canary.promote import default_router_port, ensure_no_canary, router_for
 from llm_release.config import ReleaseConfig
 from llm_release.errors import ConfigError, MetricsError, RouterError, ServeError
@@ -15,6 +15,7 @@ from llm_release.evaluation.evaluate import load_decoding
 from llm_release.hub import local_source
 from llm_release.quantization.quantize import load_calibration_texts
 from llm_release.registry import Release, load
+from llm_release.serving import processes
 
 
 def check(config: ReleaseConfig) -> tuple[Release | None, str]:
@@ -67,6 +68,18 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
         raise MetricsError(
             f"the Prometheus port {metrics.port} is taken by another program",
             hint=f"free it or set {prometheus.PORT_ENV} to another port",
+        )
+    # Its alerts go through the project's Alertmanager, which the deploy starts beside it.
+    if not any(map(shutil.which, processes.ALERTMANAGER_BINARIES)) or not shutil.which("amtool"):
+        raise MetricsError(
+            "alertmanager (or amtool) is not installed",
+            hint="run 'make setup' (apt-get install prometheus-alertmanager)",
+        )
+    alerts = alertmanager.for_home()
+    if not alerts.running() and not _free(alerts.port):
+        raise MetricsError(
+            f"the Alertmanager port {alerts.port} is taken by another program",
+            hint=f"free it or set {alertmanager.PORT_ENV} to another port",
         )
     return champion, service_name
 

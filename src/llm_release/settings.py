@@ -213,6 +213,13 @@ class Settings(BaseSettings):
             "starts and recorded beside it."
         ),
     )
+    alertmanager_port: int | Literal["auto"] = Field(
+        9093,
+        **_describe(
+            "The port of the project's Alertmanager. auto: a free port picked when "
+            "Alertmanager starts and recorded beside it."
+        ),
+    )
     door_keys_file: Path | None = Field(
         None,
         **_describe(

@@ -54,6 +54,7 @@ def stack(tiny_model_dir):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LLM_RELEASE_HOME", str(home))
         mp.setenv("LLM_RELEASE_PROMETHEUS_PORT", str(free_port()))
+        mp.setenv("LLM_RELEASE_ALERTMANAGER_PORT", "auto")
         serving = ServingConfig(
             enforce_eager=True, max_model_len=512, max_num_seqs=4, dtype="float32"
         )

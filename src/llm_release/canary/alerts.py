@@ -4,7 +4,8 @@ The thresholds are the release's own (TTFT SLO, error ceiling) and the serving l
 the canary analysis (queue 20, KV cache 95%). Rules select ``role="stable"`` of the
 service, so they keep watching whatever is stable; the release they were written for is
 a label. The file is built as data with ``yaml.safe_dump`` and checked by
-``promtool check rules`` before Prometheus loads it.
+``promtool check rules`` before Prometheus loads it. Prometheus sends the alerts that fire
+to the project's Alertmanager (``alertmanager.py``), which notifies the operator's webhook.
 
 A service name is input: inside PromQL it is an escaped string (it can never end its
 matcher), and in labels and annotations, which Prometheus expands as Go templates, every
@@ -29,6 +30,8 @@ from llm_release.fileio import atomic_write_text
 
 RULES_FILE = "llm-release.yml"
 GROUP = "llm-release-stable"
+# Alertmanager's inhibition names it: the errors and latency a down server causes are its.
+STABLE_DOWN = "LLMReleaseStableDown"
 
 
 def template_text(value: str) -> str:
@@ -88,7 +91,7 @@ def render_rules(
     kv = _number(kv_cache_ceiling, "kv_cache_ceiling")
     rules = [
         rule(
-            "LLMReleaseStableDown",
+            STABLE_DOWN,
             f'absent(up{{job="{VLLM_JOB}", {stable}}} == 1)',
             60,
             "critical",

@@ -1,5 +1,6 @@
 """Prometheus, started by the project: it scrapes every vLLM server behind the router and
-HAProxy's own exporter, each series labelled with the service, the release and its role.
+HAProxy's own exporter, each series labelled with the service, the release and its role,
+and sends the alerts that fire to the project's Alertmanager (``alertmanager.py``).
 
 Scrape targets come from ``file_sd`` files written atomically from the release registry:
 Prometheus re-reads them when they change, so a deploy, promotion or rollback never
@@ -49,6 +50,7 @@ SCRAPE_INTERVAL_S = 5.0
 # History kept for comparing releases over days; the cap protects a small disk.
 RETENTION = ("30d", "2GB")
 VLLM_JOB = "vllm"
+ALERTMANAGER_FILE = "alertmanager.json"
 HAPROXY_JOB = "haproxy"
 READY_TIMEOUT_S = 30.0
 LOG_TAIL_LINES = 20
@@ -77,6 +79,13 @@ def render_config(directory: Path, scrape_interval_s: float = SCRAPE_INTERVAL_S)
             "evaluation_interval": interval,
         },
         "rule_files": [str(directory / "rules" / "*.yml")],
+        # Firing alerts go to the project's Alertmanager; its address is a file_sd file, so
+        # an Alertmanager started on another port is followed without a reload.
+        "alerting": {
+            "alertmanagers": [
+                {"file_sd_configs": [{"files": [str(directory / "targets" / ALERTMANAGER_FILE)]}]}
+            ]
+        },
         "scrape_configs": [
             {
                 "job_name": VLLM_JOB,
@@ -286,7 +295,7 @@ class Prometheus:
             )
         for directory in (self.data_dir, self.rules_dir, self.targets_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        for name in ("vllm.json", "haproxy.json"):
+        for name in ("vllm.json", "haproxy.json", ALERTMANAGER_FILE):
             if not (self.targets_dir / name).exists():
                 atomic_write_text(self.targets_dir / name, "[]\n")
         atomic_write_text(self.config_path, render_config(self.directory, self.scrape_interval_s))
@@ -385,15 +394,26 @@ class Prometheus:
         atomic_write_text(self.targets_dir / "vllm.json", json.dumps(vllm, indent=2) + "\n")
         atomic_write_text(self.targets_dir / "haproxy.json", json.dumps(haproxy, indent=2) + "\n")
 
+    def write_alertmanagers(self, addresses: list[str]) -> None:
+        """The Alertmanagers (host:port) that firing alerts are sent to."""
+        entries = [{"targets": list(addresses)}] if addresses else []
+        atomic_write_text(self.targets_dir / ALERTMANAGER_FILE, json.dumps(entries) + "\n")
+
 
 def for_home() -> Prometheus:
     """The project's own Prometheus (under the project home)."""
     return Prometheus(paths.prometheus_dir())
 
 
-def sync_targets(state: RegistryState, haproxy_metrics_port: int | None = None) -> Prometheus:
-    """Point the project's Prometheus at the registry's releases (and HAProxy's exporter);
-    start it if it is not running."""
+def sync_targets(
+    state: RegistryState,
+    haproxy_metrics_port: int | None = None,
+    alertmanager_address: str | None = None,
+) -> Prometheus:
+    """Point the project's Prometheus at the registry's releases (and HAProxy's exporter)
+    and its alerts at ``alertmanager_address`` (host:port); start it if it is not running."""
     prometheus = for_home()
     prometheus.write_targets(state, haproxy_metrics_port)
+    if alertmanager_address is not None:
+        prometheus.write_alertmanagers([alertmanager_address])
     return prometheus.ensure_running()

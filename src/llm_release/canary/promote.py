@@ -12,12 +12,13 @@ import logging
 import time
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import requests
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths, registry, safety
-from llm_release.canary import prometheus
+from llm_release.canary import alertmanager, prometheus
 from llm_release.canary.router import Router, SlotTarget
 from llm_release.errors import ConfigError, ReleaseError, RouterError, StateError
 from llm_release.registry import RegistryState, Release
@@ -136,13 +137,20 @@ def _apply(router: Router, state: RegistryState) -> None:
     else:
         router.start(stable, canary)
     # Metrics follow the registry; a canary nobody can measure is not deployed.
-    prometheus.sync_targets(state, router.metrics_port)
+    _sync_metrics(state, router.metrics_port)
+
+
+def _sync_metrics(state: RegistryState, haproxy_metrics_port: int | None) -> None:
+    """Prometheus follows the registry and sends the alerts that fire to the project's
+    Alertmanager (each started if it is not running)."""
+    alerts = alertmanager.for_home().ensure_running()
+    prometheus.sync_targets(state, haproxy_metrics_port, alerts.address)
 
 
 def _follow_metrics(state: RegistryState, router: Router) -> None:
     """Best effort: a rollback or promotion never fails because Prometheus could not follow."""
     try:
-        prometheus.sync_targets(state, router.metrics_port if router.running() else None)
+        _sync_metrics(state, router.metrics_port if router.running() else None)
     except ReleaseError as exc:
         logger.warning("Prometheus does not follow this change: %s", exc.one_line())
 
@@ -435,11 +443,19 @@ def status() -> dict:
                 "health": row.get("status"),
             }
         )
+    alerts = alertmanager.for_home()
+    webhook = alerts.webhook_url()
     return {
         "lb_url": router.url,
         # The project's own key: the loopback listener takes it (the demo's key).
         "api_key_file": str(router.api_key_path),
         "router_running": running,
+        # Where firing alerts go: the receiver's host only (its URL may carry a token).
+        "alertmanager": {
+            "url": alerts.url,
+            "running": alerts.running(),
+            "notifies": urlsplit(webhook).hostname if webhook else None,
+        },
         "canary_weight": state.canary_weight if state.canary else 0,
         "releases": releases,
         # The canary's walk: its step and the last analysis window's verdict.
@@ -473,6 +489,9 @@ def down(problems: list[str] | None = None) -> list[str]:
     # Its data stays under the home: the next release adds to the same history.
     if prometheus.for_home().stop():
         stopped.append("Prometheus")
+    # Its notification log stays too: a restarted Alertmanager does not page again.
+    if alertmanager.for_home().stop():
+        stopped.append("Alertmanager")
     for pid in processes.under_home(paths.home()):
         if stop_process_group(pid, grace_s=10):
             stopped.append(f"unrecorded server (pid {pid})")

@@ -53,6 +53,7 @@ ALLOW_ENDPOINTS_ENV = "LLM_RELEASE_HUB_ALLOW_ENDPOINTS"
 SERVICE_PORTS = (
     ("router_port", 8080),
     ("prometheus_port", 9090),
+    ("alertmanager_port", 9093),
     ("haproxy_metrics_port", None),
     ("prefect_server_api_port", 4200),
 )

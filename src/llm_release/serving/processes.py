@@ -18,6 +18,8 @@ import psutil
 # Start times come from /proc in clock ticks; the same process reads back the same value.
 START_TOLERANCE_S = 0.05
 VLLM_MARKER = "vllm.entrypoints.openai.api_server"
+# Debian's prometheus-alertmanager names its binary so; upstream's tarball 'alertmanager'.
+ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
 
 def start_time(pid: int) -> float | None:
@@ -72,9 +74,9 @@ def in_my_pid_namespace(pid: int) -> bool:
 
 
 def under_home(home: Path) -> list[int]:
-    """Group leaders of this user's vLLM servers, HAProxy and Prometheus whose command line
-    names a path under ``home``: what the project started there, records or not (processes
-    in containers excepted: they are the docker backend's)."""
+    """Group leaders of this user's vLLM servers, HAProxy, Prometheus and Alertmanager whose
+    command line names a path under ``home``: what the project started there, records or not
+    (processes in containers excepted: they are the docker backend's)."""
     home_text = str(Path(home).resolve())
     found = []
     for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
@@ -91,7 +93,9 @@ def under_home(home: Path) -> list[int]:
             is_server = VLLM_MARKER in text or (
                 cmdline and Path(cmdline[0]).name == "haproxy" and "-f" in cmdline
             )
-            is_server = is_server or bool(cmdline and Path(cmdline[0]).name == "prometheus")
+            is_server = is_server or bool(
+                cmdline and Path(cmdline[0]).name in ("prometheus", *ALERTMANAGER_BINARIES)
+            )
             if is_server and os.getpgid(proc.pid) == proc.pid:
                 found.append(proc.pid)
         except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):

@@ -64,6 +64,7 @@ def test_the_config_passes_promtool(tmp_path):
     prometheus.targets_dir.mkdir()
     state = RegistryState(stable=release("baseline", 8001), canary=release("fp8", 8002))
     prometheus.write_targets(state, 9101)
+    prometheus.write_alertmanagers(["127.0.0.1:9093"])
     prometheus.config_path.write_text(render_config(tmp_path, 5))
     check = subprocess.run(
         ["promtool", "check", "config", str(prometheus.config_path)], capture_output=True, text=True
@@ -72,6 +73,14 @@ def test_the_config_passes_promtool(tmp_path):
     config = yaml.safe_load(prometheus.config_path.read_text())
     assert config["global"]["scrape_interval"] == "5000ms"
     assert [job["job_name"] for job in config["scrape_configs"]] == ["vllm", "haproxy"]
+    # Firing alerts go to the Alertmanager named in a file_sd file (followed without reload).
+    [alerting] = config["alerting"]["alertmanagers"]
+    assert alerting["file_sd_configs"] == [
+        {"files": [str(prometheus.targets_dir / "alertmanager.json")]}
+    ]
+    assert json.loads((prometheus.targets_dir / "alertmanager.json").read_text()) == [
+        {"targets": ["127.0.0.1:9093"]}
+    ]
     assert (
         json.loads((prometheus.targets_dir / "vllm.json").read_text())[1]["labels"]["role"]
         == "canary"

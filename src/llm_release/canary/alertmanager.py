@@ -1,0 +1,334 @@
+"""Alertmanager, started by the project beside Prometheus: the alerts of the installed rules
+(``canary/alerts.py``) go from Prometheus to it, and from it to the operator's webhook.
+
+The config is rendered here and checked by ``amtool check-config`` before it is installed,
+as the rules are by ``promtool``. One incident pages once: a service's alerts are one group
+(its first notification waits ``group_wait`` for the alerts that start with it), a critical
+alert of a service inhibits its warnings, the stable server being down inhibits the other
+critical alerts it causes, and a group that keeps firing notifies again only after
+``repeat_interval``. Its notification log lives under the project home and outlives
+'llm-release down', so a restarted Alertmanager does not page again for what it sent.
+
+The webhook URL is an operator setting, never a run's input: ``python -m flows.control
+--webhook-url URL`` (``make prefect-up NOTIFY_WEBHOOK=URL``) saves it under the project home,
+the same URL the Prefect automations post failed runs and rollbacks to. Without one,
+Alertmanager holds the alerts (its UI and ``amtool alert`` show them) and notifies nobody.
+The files holding the URL are written 0600 (it often carries the chat tool's token).
+
+It listens on 127.0.0.1 only, with clustering off (Alertmanager's default gossips on
+0.0.0.0:9094), and never uses Debian's system service or its files ('make setup' disables
+that service).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import requests
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from llm_release import paths
+from llm_release.canary.alerts import STABLE_DOWN
+from llm_release.errors import AlertmanagerError, ConfigError
+from llm_release.fileio import atomic_write_text
+from llm_release.hub.credentials import child_env
+from llm_release.serving import processes
+from llm_release.serving.serve import free_port, stop_process_group
+from llm_release.settings import settings
+
+PORT_ENV = "LLM_RELEASE_ALERTMANAGER_PORT"
+RECEIVER = "llm-release-notify"
+WEBHOOK_FILE = "webhook-url"
+READY_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 20
+
+
+class Routing(BaseModel):
+    """How alerts become notifications. A new group's first notification waits
+    ``group_wait_s`` (alerts that start together go out together); alerts that join a
+    group already notified go out ``group_interval_s`` later; a group that still fires is
+    notified again after ``repeat_interval_s``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group_wait_s: float = Field(30.0, gt=0)
+    group_interval_s: float = Field(300.0, gt=0)
+    repeat_interval_s: float = Field(12 * 3600.0, gt=0)
+
+
+def default_port() -> int:
+    """``LLM_RELEASE_ALERTMANAGER_PORT`` (9093). ``auto``: 0, a free port picked when
+    Alertmanager starts and recorded beside it (as Prometheus's)."""
+    port = settings().alertmanager_port
+    return 0 if port == "auto" else port
+
+
+def _duration(seconds: float) -> str:
+    """An Alertmanager duration: whole seconds, else milliseconds (tests wait 0.5 s)."""
+    ms = round(seconds * 1000)
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def check_webhook_url(url: str) -> str:
+    """``url`` if it is an http(s) URL with a host; ConfigError otherwise (the message never
+    repeats the URL, which may carry a token)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in url):
+        raise ConfigError(
+            "the webhook URL must be an http:// or https:// URL with a host",
+            hint="give the URL your chat or paging tool issued for incoming webhooks",
+        )
+    return url.strip()
+
+
+def render_config(webhook_url: str | None, routing: Routing | None = None) -> str:
+    """Alertmanager's config (YAML): every alert to the webhook receiver (none: to nobody),
+    grouped by service, warnings inhibited by a critical alert of the same service, and the
+    criticals a down stable server causes inhibited by its 'down' alert."""
+    routing = routing or Routing()
+    receiver: dict = {"name": RECEIVER}
+    if webhook_url:
+        receiver["webhook_configs"] = [
+            {"url": check_webhook_url(webhook_url), "send_resolved": True}
+        ]
+    config = {
+        "route": {
+            "receiver": RECEIVER,
+            "group_by": ["service"],
+            "group_wait": _duration(routing.group_wait_s),
+            "group_interval": _duration(routing.group_interval_s),
+            "repeat_interval": _duration(routing.repeat_interval_s),
+        },
+        "receivers": [receiver],
+        "inhibit_rules": [
+            {
+                "source_matchers": ['severity="critical"'],
+                "target_matchers": ['severity="warning"'],
+                "equal": ["service"],
+            },
+            {
+                "source_matchers": [f'alertname="{STABLE_DOWN}"'],
+                "target_matchers": ['severity="critical"', f'alertname!="{STABLE_DOWN}"'],
+                "equal": ["service"],
+            },
+        ],
+    }
+    return yaml.safe_dump(config, sort_keys=False, width=1_000_000)
+
+
+def amtool_check(path: Path) -> None:
+    amtool = shutil.which("amtool")
+    if amtool is None:
+        raise AlertmanagerError(
+            "amtool is not installed",
+            hint="run 'make setup' (Debian's prometheus-alertmanager package ships amtool)",
+        )
+    check = subprocess.run(
+        [amtool, "check-config", str(path)], capture_output=True, text=True, timeout=60
+    )
+    if check.returncode != 0:
+        output = (check.stdout + check.stderr).strip()
+        raise AlertmanagerError(
+            f"amtool rejected the Alertmanager config: {output}",
+            hint="the config comes from alertmanager.render_config(); fix what amtool names",
+        )
+
+
+class Alertmanager:
+    """The Alertmanager process whose files live under ``directory``.
+
+    ``port`` None: the port the running instance was started on, else
+    ``LLM_RELEASE_ALERTMANAGER_PORT`` (9093).
+    """
+
+    def __init__(
+        self, directory: Path, port: int | None = None, *, routing: Routing | None = None
+    ) -> None:
+        self.directory = Path(directory)
+        self.config_path = self.directory / "alertmanager.yml"
+        self.pid_path = self.directory / "alertmanager.pid"
+        self.port_path = self.directory / "port"
+        self.log_path = self.directory / "alertmanager.log"
+        self.data_dir = self.directory / "data"
+        self.webhook_path = self.directory / WEBHOOK_FILE
+        self.routing = routing or Routing()
+        if port is None:
+            port = processes.read_int(self.port_path) if self.running() else None
+        self.port = port or default_port()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    # -- the receiver --------------------------------------------------------------------
+    def webhook_url(self) -> str | None:
+        """The operator's webhook URL saved under the home (None: alerts notify nobody)."""
+        try:
+            return self.webhook_path.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def save_webhook_url(self, url: str | None) -> None:
+        """Save (None: forget) the webhook URL; a running Alertmanager is given the new
+        config at once."""
+        if url is None:
+            self.webhook_path.unlink(missing_ok=True)
+        else:
+            atomic_write_text(self.webhook_path, check_webhook_url(url) + "\n")  # 0600
+        if self.running():
+            self.install_config(self.render())
+
+    def render(self) -> str:
+        return render_config(self.webhook_url(), self.routing)
+
+    # -- config --------------------------------------------------------------------------
+    def install_config(self, text: str) -> Path:
+        """Check ``text`` with amtool, make it the config (atomically) and, when running,
+        reload; a config Alertmanager refuses is taken back out. Returns its path."""
+        pending = self.directory / "alertmanager.pending.yml"
+        atomic_write_text(pending, text)
+        try:
+            amtool_check(pending)
+        except BaseException:
+            pending.unlink(missing_ok=True)
+            raise
+        previous = self.config_path.read_text() if self.config_path.exists() else None
+        os.replace(pending, self.config_path)
+        if self.running():
+            try:
+                self.reload()
+            except AlertmanagerError as exc:
+                if previous is None:
+                    self.config_path.unlink(missing_ok=True)
+                else:
+                    atomic_write_text(self.config_path, previous)
+                    try:
+                        self.reload()
+                    except AlertmanagerError:
+                        pass
+                raise AlertmanagerError(
+                    f"Alertmanager refused its new config (the previous one is back): "
+                    f"{exc.message}",
+                    hint=exc.hint or None,
+                ) from None
+        return self.config_path
+
+    def reload(self) -> None:
+        """Re-read the config (POST /-/reload answers once it has, or why it could not)."""
+        try:
+            reply = requests.post(f"{self.url}/-/reload", timeout=15)
+        except requests.RequestException as exc:
+            raise AlertmanagerError(
+                f"Alertmanager at {self.url} did not answer: {type(exc).__name__}"
+            ) from None
+        if reply.status_code != 200:
+            raise AlertmanagerError(
+                f"Alertmanager did not reload: {reply.text.strip()}",
+                hint=f"check {self.config_path} with 'amtool check-config'",
+            )
+
+    # -- process -------------------------------------------------------------------------
+    def pid(self) -> int | None:
+        return processes.pid_from_file(self.pid_path, f"--config.file={self.config_path}")
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    def ensure_running(self) -> Alertmanager:
+        """Start it, or give the running one the config of the current settings."""
+        if not self.running():
+            self.start()
+        elif self.config_path.read_text() != self.render():
+            self.install_config(self.render())
+        return self
+
+    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        if self.running():
+            return
+        if self.port:
+            self._start(timeout_s)
+            return
+        # 'auto': a port picked now; one taken between the pick and the bind is picked again
+        for attempt in range(3):
+            self.port = free_port()
+            try:
+                self._start(timeout_s)
+                return
+            except AlertmanagerError as exc:
+                if attempt == 2 or "is in use" not in (exc.hint or ""):
+                    raise
+
+    def _start(self, timeout_s: float) -> None:
+        binary = next(filter(None, map(shutil.which, processes.ALERTMANAGER_BINARIES)), None)
+        if binary is None:
+            raise AlertmanagerError(
+                "alertmanager is not installed",
+                hint="run 'make setup' (it runs apt-get install -y prometheus-alertmanager)",
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.install_config(self.render())
+        command = [
+            binary,
+            f"--config.file={self.config_path}",
+            f"--storage.path={self.data_dir}",
+            f"--web.listen-address={self.address}",
+            f"--web.external-url={self.url}",
+            "--cluster.listen-address=",  # no gossip on 0.0.0.0:9094: one instance
+        ]
+        with open(self.log_path, "ab") as log:
+            # Its own session, as Prometheus: it outlives this process; 'down' stops it.
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.directory,
+                env=child_env(),
+                start_new_session=True,
+            )
+        atomic_write_text(self.pid_path, f"{proc.pid}\n")
+        atomic_write_text(self.port_path, f"{self.port}\n")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            try:
+                if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.05)
+        stop_process_group(proc.pid, grace_s=5)
+        tail = self.log_tail()
+        hint = f"see {self.log_path}"
+        if "address already in use" in tail:
+            hint = f"port {self.port} is in use: set {PORT_ENV} to a free port"
+        raise AlertmanagerError(f"Alertmanager did not become ready:\n{tail}", hint=hint)
+
+    def stop(self) -> bool:
+        pid = self.pid()
+        if pid is None:
+            return False
+        # SIGTERM lets it write its notification log and silences to the data dir.
+        return stop_process_group(pid, grace_s=10)
+
+
+def for_home(routing: Routing | None = None) -> Alertmanager:
+    """The project's own Alertmanager (under the project home)."""
+    return Alertmanager(paths.alertmanager_dir(), routing=routing)
