@@ -15,7 +15,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_release import registry
-from llm_release.canary import prometheus, promote
+from llm_release.canary import alertmanager, prometheus, promote
 from llm_release.canary.alerts import install_rules, render_rules
 from llm_release.canary.analysis import analyze_window, load_queries
 from llm_release.config import AnalysisConfig, ServingConfig
@@ -214,6 +214,11 @@ def test_alert_rules_load_and_watch_the_stable_release(stack):
     assert all(r["health"] == "ok" for r in rules.values()), rules
     # The stable server answers Prometheus: its 'down' alert is not pending.
     assert rules["LLMReleaseStableDown"]["state"] == "inactive"
+    # The deploy started the project's Alertmanager beside Prometheus, which sends it alerts.
+    alerts = alertmanager.for_home()
+    assert alerts.running()
+    active = requests.get(f"{prom.url}/api/v1/alertmanagers", timeout=5).json()["data"]
+    assert [a["url"] for a in active["activeAlertmanagers"]] == [f"{alerts.url}/api/v2/alerts"]
 
 
 def test_targets_follow_a_rollback_and_the_data_outlives_a_restart(stack):
