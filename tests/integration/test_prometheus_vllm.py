@@ -217,8 +217,14 @@ def test_alert_rules_load_and_watch_the_stable_release(stack):
     # The deploy started the project's Alertmanager beside Prometheus, which sends it alerts.
     alerts = alertmanager.for_home()
     assert alerts.running()
-    active = requests.get(f"{prom.url}/api/v1/alertmanagers", timeout=5).json()["data"]
-    assert [a["url"] for a in active["activeAlertmanagers"]] == [f"{alerts.url}/api/v2/alerts"]
+
+    def alertmanagers():
+        data = requests.get(f"{prom.url}/api/v1/alertmanagers", timeout=5).json()["data"]
+        return [a["url"] for a in data["activeAlertmanagers"]]
+
+    # (its discovery updates at most every 5 s, and the rules' reload just restarted it)
+    active = wait_for("Prometheus's Alertmanager", alertmanagers, timeout_s=30)
+    assert active == [f"{alerts.url}/api/v2/alerts"]
 
 
 def test_targets_follow_a_rollback_and_the_data_outlives_a_restart(stack):
