@@ -123,7 +123,7 @@ class CandidateConfig(StrictModel):
     extra_serving_args: list[str] = Field(
         default_factory=list,
         description="vLLM tuning flags for this candidate only, from the allow-list of "
-        "llm_release.serving.serving_flags (README, Security)",
+        "llm_release.serving.serving_flags (docs/security.md)",
     )
 
     @field_validator("calibration_set")
@@ -178,7 +178,7 @@ class ServingConfig(StrictModel):
         default_factory=list,
         description="vLLM tuning flags beyond the fields here, from the allow-list of "
         "llm_release.serving.serving_flags (e.g. --max-num-batched-tokens 512); anything else is "
-        "refused (README, Security)",
+        "refused (docs/security.md)",
     )
     startup_timeout_s: float = Field(900, gt=0)
     thinking: bool = Field(

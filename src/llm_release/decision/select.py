@@ -292,7 +292,7 @@ def _drop_verdict(
         warning = (
             f"{p.n} items cannot resolve a {max_drop:.3f} margin at {spec.confidence:.0%}: the "
             f"smallest drop they tell from noise is {resolvable or 1:.3f}; a drop within the margin "
-            f"will be inconclusive — grow the set (see README, 'How large a set must be')"
+            f"will be inconclusive — grow the set (see docs/decisions.md, 'How large a set must be')"
         )
     detail = (
         f"{p.cand_score:.3f} vs {label} {p.base_score:.3f} on {p.n} items: drop {p.drop:+.3f}, "

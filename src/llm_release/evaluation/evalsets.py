@@ -504,7 +504,7 @@ def _gate_spec(
 
 FLOOR_HINT = (
     "set gates.metrics.METRIC.min_score in task.yaml from a measured score (the reference "
-    "model's lower confidence bound minus the margin; README: 'How a release is decided'), "
+    "model's lower confidence bound minus the margin; docs/decisions.md: 'How a release is decided'), "
     "or make the set non-critical"
 )
 
