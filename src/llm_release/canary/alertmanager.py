@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -35,18 +34,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths
 from llm_release.canary.alerts import STABLE_DOWN
+from llm_release.canary.daemon import Daemon
 from llm_release.errors import AlertmanagerError, ConfigError
 from llm_release.fileio import atomic_write_text
-from llm_release.hub.credentials import child_env
 from llm_release.serving import processes
-from llm_release.serving.serve import free_port, stop_process_group
 from llm_release.settings import settings
 
 PORT_ENV = "LLM_RELEASE_ALERTMANAGER_PORT"
 RECEIVER = "llm-release-notify"
 WEBHOOK_FILE = "webhook-url"
-READY_TIMEOUT_S = 30.0
-LOG_TAIL_LINES = 20
 
 
 class Routing(BaseModel):
@@ -140,12 +136,17 @@ def amtool_check(path: Path) -> None:
         )
 
 
-class Alertmanager:
+class Alertmanager(Daemon):
     """The Alertmanager process whose files live under ``directory``.
 
     ``port`` None: the port the running instance was started on, else
     ``LLM_RELEASE_ALERTMANAGER_PORT`` (9093).
     """
+
+    name = "Alertmanager"
+    error = AlertmanagerError
+    port_env = PORT_ENV
+    stop_grace_s = 10.0  # its notification log and silences go to the data dir
 
     def __init__(
         self, directory: Path, port: int | None = None, *, routing: Routing | None = None
@@ -165,10 +166,6 @@ class Alertmanager:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
 
     # -- the receiver --------------------------------------------------------------------
     def webhook_url(self) -> str | None:
@@ -238,18 +235,6 @@ class Alertmanager:
             )
 
     # -- process -------------------------------------------------------------------------
-    def pid(self) -> int | None:
-        return processes.pid_from_file(self.pid_path, f"--config.file={self.config_path}")
-
-    def running(self) -> bool:
-        return self.pid() is not None
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
     def ensure_running(self) -> Alertmanager:
         """Start it, or give the running one the config of the current settings."""
         if not self.running():
@@ -257,22 +242,6 @@ class Alertmanager:
         elif self.config_path.read_text() != self.render():
             self.install_config(self.render())
         return self
-
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        if self.running():
-            return
-        if self.port:
-            self._start(timeout_s)
-            return
-        # 'auto': a port picked now; one taken between the pick and the bind is picked again
-        for attempt in range(3):
-            self.port = free_port()
-            try:
-                self._start(timeout_s)
-                return
-            except AlertmanagerError as exc:
-                if attempt == 2 or "is in use" not in (exc.hint or ""):
-                    raise
 
     def _start(self, timeout_s: float) -> None:
         binary = next(filter(None, map(shutil.which, processes.ALERTMANAGER_BINARIES)), None)
@@ -291,42 +260,7 @@ class Alertmanager:
             f"--web.external-url={self.url}",
             "--cluster.listen-address=",  # no gossip on 0.0.0.0:9094: one instance
         ]
-        with open(self.log_path, "ab") as log:
-            # Its own session, as Prometheus: it outlives this process; 'down' stops it.
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                env=child_env(),
-                start_new_session=True,
-            )
-        atomic_write_text(self.pid_path, f"{proc.pid}\n")
-        atomic_write_text(self.port_path, f"{self.port}\n")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        stop_process_group(proc.pid, grace_s=5)
-        tail = self.log_tail()
-        hint = f"see {self.log_path}"
-        if "address already in use" in tail:
-            hint = f"port {self.port} is in use: set {PORT_ENV} to a free port"
-        raise AlertmanagerError(f"Alertmanager did not become ready:\n{tail}", hint=hint)
-
-    def stop(self) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        # SIGTERM lets it write its notification log and silences to the data dir.
-        return stop_process_group(pid, grace_s=10)
+        self.spawn(command, timeout_s)
 
 
 def for_home(routing: Routing | None = None) -> Alertmanager:

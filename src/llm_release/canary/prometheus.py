@@ -19,7 +19,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -30,13 +29,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_release import paths
+from llm_release.canary.daemon import Daemon
 from llm_release.canary.router import BACKEND
 from llm_release.errors import MetricsError
 from llm_release.fileio import atomic_write_text
-from llm_release.hub.credentials import child_env
 from llm_release.registry import RegistryState
 from llm_release.serving import processes
-from llm_release.serving.serve import free_port, stop_process_group
 from llm_release.settings import settings
 
 PORT_ENV = "LLM_RELEASE_PROMETHEUS_PORT"
@@ -52,8 +50,6 @@ RETENTION = ("30d", "2GB")
 VLLM_JOB = "vllm"
 ALERTMANAGER_FILE = "alertmanager.json"
 HAPROXY_JOB = "haproxy"
-READY_TIMEOUT_S = 30.0
-LOG_TAIL_LINES = 20
 
 
 def default_port() -> int:
@@ -216,12 +212,17 @@ class PrometheusClient:
         return samples[0].value
 
 
-class Prometheus:
+class Prometheus(Daemon):
     """The Prometheus process whose files live under ``directory``.
 
     ``port`` None: the port the running instance was started on, else
     ``LLM_RELEASE_PROMETHEUS_PORT`` (9090).
     """
+
+    name = "Prometheus"
+    error = MetricsError
+    port_env = PORT_ENV
+    stop_grace_s = 15.0  # its head block; a TSDB killed hard replays its WAL next time
 
     def __init__(
         self,
@@ -244,10 +245,6 @@ class Prometheus:
         self.port = port or default_port()
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
     def client(self) -> PrometheusClient:
         return PrometheusClient(self.url)
 
@@ -257,34 +254,6 @@ class Prometheus:
     # -- process -------------------------------------------------------------------------
     def _recorded_port(self) -> int | None:
         return processes.read_int(self.port_path)
-
-    def pid(self) -> int | None:
-        return processes.pid_from_file(self.pid_path, f"--config.file={self.config_path}")
-
-    def running(self) -> bool:
-        return self.pid() is not None
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
-
-    def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
-        if self.running():
-            return
-        if self.port:
-            self._start(timeout_s)
-            return
-        # 'auto': a port picked now; one taken between the pick and the bind is picked again
-        for attempt in range(3):
-            self.port = free_port()
-            try:
-                self._start(timeout_s)
-                return
-            except MetricsError as exc:
-                if attempt == 2 or "is in use" not in (exc.hint or ""):
-                    raise
 
     def _start(self, timeout_s: float) -> None:
         binary = shutil.which("prometheus")
@@ -307,50 +276,17 @@ class Prometheus:
             f"--storage.tsdb.retention.size={RETENTION[1]}",
             f"--web.listen-address=127.0.0.1:{self.port}",
         ]
-        with open(self.log_path, "ab") as log:
-            # Its own session: it outlives this process (like HAProxy's -D) and 'down' stops
-            # its whole group.
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.directory,
-                env=child_env(),
-                start_new_session=True,
-            )
-        atomic_write_text(self.pid_path, f"{proc.pid}\n")
-        atomic_write_text(self.port_path, f"{self.port}\n")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass
-            time.sleep(0.05)
-        stop_process_group(proc.pid, grace_s=5)
-        tail = self.log_tail()
-        hint = f"see {self.log_path}"
-        if "address already in use" in tail:
-            hint = f"port {self.port} is in use: set {PORT_ENV} to a free port"
-        elif "lock DB directory" in tail:
-            hint = f"another Prometheus uses {self.data_dir}; stop it ('llm-release down')"
-        raise MetricsError(f"Prometheus did not become ready:\n{tail}", hint=hint)
+        self.spawn(command, timeout_s)
+
+    def _failure_hint(self, tail: str) -> str | None:
+        if "lock DB directory" in tail:
+            return f"another Prometheus uses {self.data_dir}; stop it ('llm-release down')"
+        return None
 
     def ensure_running(self) -> Prometheus:
         if not self.running():
             self.start()
         return self
-
-    def stop(self) -> bool:
-        pid = self.pid()
-        if pid is None:
-            return False
-        # SIGTERM lets it write its head block; a TSDB killed hard replays its WAL next time.
-        return stop_process_group(pid, grace_s=15)
 
     def _reload_state(self) -> tuple[float, float]:
         text = requests.get(f"{self.url}/metrics", timeout=5).text

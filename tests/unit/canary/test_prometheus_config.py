@@ -92,6 +92,7 @@ def test_an_auto_port_is_picked_at_start_and_again_when_taken(tmp_path, monkeypa
     # prometheus); a port taken between the pick and the bind is picked again
     import socket
 
+    from llm_release.canary import daemon
     from llm_release.canary import prometheus as prom
 
     monkeypatch.setenv(prom.PORT_ENV, "auto")
@@ -101,8 +102,8 @@ def test_an_auto_port_is_picked_at_start_and_again_when_taken(tmp_path, monkeypa
     held.listen()
     taken = held.getsockname()[1]
     picks = iter([taken])
-    real = prom.free_port
-    monkeypatch.setattr(prom, "free_port", lambda: next(picks, None) or real())
+    real = daemon.free_port  # the port picker of every server of the Prometheus family
+    monkeypatch.setattr(daemon, "free_port", lambda: next(picks, None) or real())
     server = prom.Prometheus(tmp_path / "prometheus")
     try:
         server.start()
