@@ -114,6 +114,11 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
             f"run {flow_run.name} ended {flow_run.state.name}: {flow_run.state.message or ''}",
             hint=f"its log: {page}",
         )
+    return persisted_outcome(flow_run, outcome_type)
+
+
+def persisted_outcome(flow_run, outcome_type):
+    """The typed outcome of a deployment's finished run: the result its worker persisted."""
     result = flow_run.state.result()
     if isinstance(result, dict) and set(result) == {"__class__", "data"}:
         # Prefect's JSON serializer names the class by the module the worker loaded the flow
