@@ -80,6 +80,7 @@ MOVES: dict[str, str] = {
     f"{P}.analysis": f"{P}.canary.analysis",
     f"{P}.prometheus": f"{P}.canary.prometheus",
     f"{P}.alerts": f"{P}.canary.alerts",
+    f"{P}.door": f"{P}.canary.door",
     # reporting/
     f"{P}.report": f"{P}.reporting.report",
     f"{P}.plots": f"{P}.reporting.plots",
@@ -181,6 +182,7 @@ TEST_ROOMS: dict[str, list[str]] = {
         "test_promote",
         "test_prometheus_config",
         "test_rollout",
+        "test_door",
     ],
     "reporting": ["test_report", "test_plots"],
 }

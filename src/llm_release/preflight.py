@@ -5,8 +5,8 @@ from __future__ import annotations
 import shutil
 import socket
 
-from llm_release import door, paths
-from llm_release.canary import alertmanager, prometheus
+from llm_release import paths
+from llm_release.canary import alertmanager, door, prometheus
 from llm_release.canary.promote import default_router_port, ensure_no_canary, router_for
 from llm_release.config import ReleaseConfig
 from llm_release.errors import ConfigError, MetricsError, RouterError, ServeError

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from llm_release import door
+from llm_release.canary import door
 from llm_release.errors import RouterError
 from llm_release.fileio import atomic_write_text
 from llm_release.hub.credentials import child_env

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_release import door
+from llm_release.canary import door
 from llm_release.canary.router import SlotTarget, render_config
 from llm_release.errors import ConfigError
 

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from llm_release import door
+from llm_release.canary import door
 from llm_release.canary.router import Router, SlotTarget
 from llm_release.errors import ConfigError
 from llm_release.load.traffic import Traffic
@@ -94,7 +94,7 @@ def started(router: Router, backend: RecordingBackend) -> Router:
 @pytest.fixture()
 def demo_router(home, backend, caplog):
     """The demo: no operator setting at all."""
-    caplog.set_level(logging.WARNING, logger="llm_release.door")
+    caplog.set_level(logging.WARNING, logger="llm_release.canary.door")
     router = Router(home / "router", free_port(), door.DoorSettings())
     yield started(router, backend)
     router.stop()
