@@ -254,7 +254,9 @@ def wait_for_run(flow_run_id, done, timeout_s: float):
             time.sleep(1)
 
 
-# Three releases and a review (728 s on this 2-core host beside the release e2e, 2026-12-01):
+# Three releases and a review (728 s on this 2-core host beside the release e2e, 2026-12-01;
+# 452 s alone, 2026-12-02, the review's release run by the worker: its step took 77 s against
+# 75 s in process, the deployment and the worker set up in 7-12 s beside the first release):
 # more than the suite's 20-minute hang limit allows a slower CPU.
 @pytest.mark.timeout(2400)
 def test_champion_review_and_memory(
@@ -354,7 +356,8 @@ def test_champion_review_and_memory(
     assert registry.load().canary is None
     assert len(vllm_processes(under=home)) == 1
 
-    # The nightly run asks the same question again: answered from memory, in seconds.
+    # The nightly run asks the same question again (the form's config): answered from
+    # memory, in seconds.
     started = time.monotonic()
     again = model_update(asked)
     assert again.status == "already-judged" and "review rejected" in again.detail
