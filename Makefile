@@ -22,11 +22,12 @@ PIDS := $(LLM_RELEASE_HOME)/pids
 HUB_URL := http://127.0.0.1:$(HUB_PORT)
 PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 
-.PHONY: help setup image demo test test-fast lint hub-up prefect-up worker-up down status bench
+.PHONY: help setup image demo test test-fast lint hub-up prefect-up worker-up up down status bench
 
 help:
 	@echo "make demo      set up everything, release SmolLM2-135M-Instruct, then walk its next revision as a canary"
 	@echo "make test      set up everything and run the whole test suite"
+	@echo "make up        bring the recorded stable and canary releases back (after a reboot)"
 	@echo "make down      stop every server the project started (Prometheus and Alertmanager keep their data)"
 	@echo "make image     build the docker backend's vLLM CPU image (reused while its inputs hold)"
 	@echo "make worker-up deploy prefect.yaml and start a process worker (what the UI's Run button needs)"
@@ -52,14 +53,10 @@ hub-up: setup
 
 prefect-up: setup
 	@mkdir -p $(PIDS)
-	@if ! curl -sf $(PREFECT_API)/health >/dev/null; then \
-	  echo "starting the Prefect server (UI at http://127.0.0.1:$(PREFECT_PORT)) …"; \
-	  setsid nohup .venv/bin/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT) \
-	    > $(LLM_RELEASE_HOME)/prefect-server.log 2>&1 & \
-	  echo $$! > $(PIDS)/prefect.pid; \
-	  for i in $$(seq 120); do curl -sf $(PREFECT_API)/health >/dev/null && break; sleep 1; done; \
-	  curl -sf $(PREFECT_API)/health >/dev/null || { echo "Prefect server did not start; see $(LLM_RELEASE_HOME)/prefect-server.log"; exit 1; }; \
-	fi
+	@# Unless one answers on the port: a detached server (log: prefect-server.log), on
+	@# PostgreSQL when LLM_RELEASE_PREFECT_DATABASE_URL is set, else on Prefect's SQLite file.
+	@$(PY) -m flows.server --port $(PREFECT_PORT) \
+	  --log $(LLM_RELEASE_HOME)/prefect-server.log --pid-file $(PIDS)/prefect.pid
 	@# Idempotent: the project's block types, the host-slot limit, and (NOTIFY_WEBHOOK=URL)
 	@# the automations that post failed runs and rollbacks to that webhook, and Alertmanager's
 	@# receiver of the alerts that fire (the same URL, saved under the project home).
@@ -131,7 +128,13 @@ status:
 # overlap on two cores; 30.1 min in one process on an AVX-512 host, see docs/testing.md.
 # --no-loadscope-reorder: files in collection order, so the long end-to-end files start
 # first (xdist's default puts files with many tests first: the e2e ran last, on one worker).
-test: setup image
+# The docker backend's image builds in the background while lint and the first tests run
+# (a lock makes the Docker tests wait for it; 'make image' is the same build in the
+# foreground).
+test: setup
+	@mkdir -p $(LLM_RELEASE_HOME)/logs
+	@echo "image: building in the background (log: $(LLM_RELEASE_HOME)/logs/image-build.log)"
+	@($(CLI) image build > $(LLM_RELEASE_HOME)/logs/image-build.log 2>&1 &)
 	@$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -v -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
@@ -150,6 +153,10 @@ bench: setup
 	.venv/bin/python bench/quantize_dtype.py
 	.venv/bin/python bench/canary_reliability.py
 	.venv/bin/python bench/tune_goodput.py
+
+# After a reboot (or 'make down'): the releases in the record serve again, the router too.
+up: setup
+	$(CLI) up
 
 down:
 	@if [ -x $(CLI) ]; then $(CLI) down; else echo "nothing to stop (no .venv)"; fi

@@ -36,6 +36,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from llm_release import paths  # noqa: E402
@@ -43,7 +45,7 @@ from llm_release.canary import promote
 from llm_release.canary.router import Router  # noqa: E402
 from llm_release.config import ServingConfig  # noqa: E402
 from llm_release.hardware import detect  # noqa: E402
-from llm_release.load.traffic import Traffic, percentile  # noqa: E402
+from llm_release.load.traffic import Traffic  # noqa: E402
 
 PUBLIC_NAME = "tiny"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -96,8 +98,8 @@ def phases(samples: list, timeline: list[dict]) -> list[dict]:
                 "from_s": round(start, 2),
                 "requests": len(picked),
                 "failed": len(picked) - len(ok),
-                "p50_s": round(percentile(ok, 50), 3) if ok else None,
-                "p95_s": round(percentile(ok, 95), 3) if ok else None,
+                "p50_s": round(float(np.percentile(ok, 50)), 3) if ok else None,
+                "p95_s": round(float(np.percentile(ok, 95)), 3) if ok else None,
             }
         )
     return stretches

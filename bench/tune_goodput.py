@@ -17,6 +17,18 @@ Raw results: bench/results/tune_goodput-<cpu>.json.
 
 A server start costs ~85 s on 2 loaded cores, a level ~20 s: the grid is small (4 settings,
 3 levels) to keep the whole bench near 15 minutes.
+
+On a GPU (``--gpu``: compiled and graph-captured servers, ``gpu_memory_utilization`` in the
+grid, vLLM's own defaults measured beside the tuner as the strategy ``defaults``) each
+strategy can run in a call of its own (``--strategies``): the results file accumulates them,
+and the ratios are printed once both the tuner and the exhaustive sweep are in it:
+
+    python bench/tune_goodput.py --gpu --model-dir M --seqs 64,256,1024 --batched 2048,8192 \
+        --levels 10,25,50,75,100 --requests 100 --ttft-slo-s 0.4 --itl-slo-ms 6 \
+        --strategies defaults,coordinate --output OUT.json
+
+(``--extra-args '--load-format dummy'`` for a config-only folder needs the operator's
+``LLM_RELEASE_ALLOW_SERVING_FLAGS=--load-format``, as any release would.)
 """
 
 from __future__ import annotations
@@ -32,6 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from tabulate import tabulate  # noqa: E402
+
 from llm_release import paths  # noqa: E402
 from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig  # noqa: E402
 from llm_release.fileio import atomic_write_text  # noqa: E402
@@ -46,18 +60,119 @@ def loadavg() -> float:
     return os.getloadavg()[0]
 
 
-def main() -> None:
+# vLLM 0.26's own defaults on a GPU of 70 GiB or more, as an OpenAI server
+# (arg_utils.get_batch_defaults): what "doing nothing" serves with
+VLLM_GPU_DEFAULTS = {"max_num_seqs": [1024], "max_num_batched_tokens": [None], "gmu": [0.9]}
+STRATEGIES = ("coordinate", "exhaustive", "defaults")
+
+
+def _ints(text: str) -> list[int | None]:
+    """'2048,8192,default' -> [2048, 8192, None] (default: vLLM's own value)."""
+    return [None if v == "default" else int(v) for v in text.split(",") if v]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
         "--model-dir", type=Path, help="default: the demo model under the project home"
     )
     parser.add_argument("--seqs", default="2,4,8,16", help="max-num-seqs grid")
+    parser.add_argument("--batched", default="default", help="max-num-batched-tokens grid")
+    parser.add_argument("--gmu", default="0.9", help="gpu_memory_utilization grid (GPU only)")
     parser.add_argument("--levels", default="2,4,8", help="concurrency levels")
     parser.add_argument("--requests", type=int, default=8, help="requests per level")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--output-tokens", type=int, default=32)
+    parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--ttft-slo-s", type=float, default=3.0)
     parser.add_argument("--itl-slo-ms", type=float, default=250.0)
+    parser.add_argument("--gpu", action="store_true", help="compiled GPU servers (not eager)")
+    parser.add_argument(
+        "--extra-args", default="", help="more vLLM flags, e.g. '--load-format dummy'"
+    )
+    parser.add_argument("--strategies", default="coordinate,exhaustive")
+    parser.add_argument(
+        "--skip-warmup",
+        action="store_true",
+        help="no untimed first start (a later call on a machine whose caches are warm)",
+    )
     parser.add_argument("--output", type=Path)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.strategies = [s for s in args.strategies.split(",") if s]
+    unknown = set(args.strategies) - set(STRATEGIES)
+    if unknown:
+        parser.error(f"unknown strategies {sorted(unknown)}: choose from {', '.join(STRATEGIES)}")
+    return args
+
+
+def setup(args: argparse.Namespace, host) -> tuple[ServingConfig, LoadProfile, Gates]:
+    """The serving settings, load and SLO every strategy of one bench run shares."""
+    serving = ServingConfig(
+        max_model_len=args.max_model_len,
+        dtype="bfloat16" if args.gpu or host.cpu.native_bf16 else "float32",
+        # CPU: eager, no torch.compile per start; GPU: compiled and graph-captured, as served
+        enforce_eager=not args.gpu,
+        gpu_memory_utilization=0.9,
+        startup_timeout_s=900 if args.gpu else 600,
+        probe_schemes=False,
+        extra_args=args.extra_args.split(),
+    )
+    load = LoadProfile(
+        concurrencies=[int(c) for c in args.levels.split(",")],
+        requests_per_level=args.requests,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+    )
+    return serving, load, Gates(ttft_p95_slo_s=args.ttft_slo_s)
+
+
+def tune_config(args: argparse.Namespace, strategy: str) -> TuneConfig:
+    """The grid of one strategy: the bench's grid, or vLLM's defaults as one point."""
+    grid = (
+        VLLM_GPU_DEFAULTS
+        if strategy == "defaults"
+        else {
+            "max_num_seqs": _ints(args.seqs),
+            "max_num_batched_tokens": _ints(args.batched),
+            "gmu": [float(u) for u in args.gmu.split(",")],
+        }
+    )
+    return TuneConfig(
+        enabled=True,
+        strategy="coordinate" if strategy == "coordinate" else "exhaustive",
+        max_num_seqs=grid["max_num_seqs"],
+        max_num_batched_tokens=grid["max_num_batched_tokens"],
+        gpu_memory_utilization=grid["gmu"],
+        itl_p95_slo_ms=args.itl_slo_ms,
+        max_settings=20,
+    )
+
+
+def ratios(runs: dict) -> dict:
+    """The tuner's choice against the exhaustive sweep's best, both as the exhaustive sweep
+    measured them (run-to-run noise stays out), and the time ratio; {} until both ran."""
+    if "coordinate" not in runs or "exhaustive" not in runs:
+        return {}
+    tuned, full = runs["coordinate"]["result"], runs["exhaustive"]["result"]
+    by_label = {json.dumps(t["setting"], sort_keys=True): t for t in full["trials"]}
+    again = by_label.get(json.dumps(tuned["chosen"], sort_keys=True))
+    best = max(full["trials"], key=lambda t: (t["goodput"], t["goodput_tok_s"]))
+    return {
+        "ratio_goodput_concurrency": round(
+            (again["goodput"] / best["goodput"]) if again and best["goodput"] else 0.0, 3
+        ),
+        "ratio_goodput_tok_s": round(
+            (again["goodput_tok_s"] / best["goodput_tok_s"])
+            if again and best["goodput_tok_s"]
+            else 0.0,
+            3,
+        ),
+        "ratio_time": round(tuned["seconds"] / full["seconds"] if full["seconds"] else 0.0, 3),
+    }
+
+
+def main() -> None:
+    args = parse_args()
     if args.model_dir is None:
         found = sorted((paths.models_dir() / "HuggingFaceTB--SmolLM2-135M-Instruct").glob("*/"))
         if not found:
@@ -67,40 +182,25 @@ def main() -> None:
         args.model_dir = found[-1]
     os.environ.setdefault("LLM_RELEASE_HOME", tempfile.mkdtemp(prefix="llmr-tb-", dir="/tmp"))
     host = detect()
-    serving = ServingConfig(
-        max_model_len=1024,
-        dtype="bfloat16" if host.cpu.native_bf16 else "float32",
-        # eager: no torch.compile per start; the same for both strategies
-        enforce_eager=True,
-        startup_timeout_s=600,
-    )
-    load = LoadProfile(
-        concurrencies=[int(c) for c in args.levels.split(",")],
-        requests_per_level=args.requests,
-        prompt_tokens=128,
-        output_tokens=32,
-    )
-    gates = Gates(ttft_p95_slo_s=args.ttft_slo_s)
+    serving, load, gates = setup(args, host)
     out = Path(os.environ["LLM_RELEASE_HOME"]) / "bench-tune"
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{host.cpu.model_name} {host.cpu.isa}".lower()).strip("-")
+    output = args.output or RESULTS / f"tune_goodput-{slug}.json"
+    # a results file of this bench accumulates the strategies of separate calls
+    payload = json.loads(output.read_text()) if output.exists() else {"runs": {}}
     # Warm-up, not timed: the first vLLM start after other work reads the runtime from a
     # cold page cache (measured: the same setting started in 196 s first, 99 s later), which
     # would bill whichever strategy runs first.
-    warm = time.monotonic()
-    with VllmServer(args.model_dir, ["bench"], serving, out / "warmup" / "vllm.log"):
-        pass
-    print(f"warm-up start: {time.monotonic() - warm:.0f} s (not counted)", flush=True)
-    runs = {}
-    for strategy in ("coordinate", "exhaustive"):
-        tune = TuneConfig(
-            enabled=True,
-            strategy=strategy,
-            max_num_seqs=[int(s) for s in args.seqs.split(",")],
-            itl_p95_slo_ms=args.itl_slo_ms,
-            max_settings=20,
-        )
+    if not args.skip_warmup:
+        warm = time.monotonic()
+        with VllmServer(args.model_dir, ["bench"], serving, out / "warmup" / "vllm.log"):
+            pass
+        print(f"warm-up start: {time.monotonic() - warm:.0f} s (not counted)", flush=True)
+    runs = payload["runs"]
+    for strategy in args.strategies:
         load_before, wall = loadavg(), time.monotonic()
         result, _ = tune_candidate(
-            tune,
+            tune_config(args, strategy),
             model_dir=args.model_dir,
             tokenizer_dir=args.model_dir,
             served_names=["bench"],
@@ -122,54 +222,53 @@ def main() -> None:
             f"{result.seconds:.0f} s, {len(result.trials)} starts, {result.levels_measured} levels",
             flush=True,
         )
-    tuned = runs["coordinate"]["result"]
-    full = runs["exhaustive"]["result"]
-    by_label = {json.dumps(t["setting"], sort_keys=True): t for t in full["trials"]}
-    chosen_key = json.dumps(tuned["chosen"], sort_keys=True)
-    # The exhaustive sweep measured the tuner's choice too: compare like with like.
-    again = by_label.get(chosen_key)
-    best = max(full["trials"], key=lambda t: (t["goodput"], t["goodput_tok_s"]))
-    ratio_conc = (again["goodput"] / best["goodput"]) if again and best["goodput"] else 0.0
-    ratio_rps = (
-        (again["goodput_tok_s"] / best["goodput_tok_s"]) if again and best["goodput_tok_s"] else 0.0
-    )
-    ratio_time = tuned["seconds"] / full["seconds"] if full["seconds"] else 0.0
-    rows = [
-        ("chosen", tuned["chosen"], full["chosen"]),
-        ("goodput (own run)", tuned["chosen_goodput"], full["chosen_goodput"]),
+        payload |= {
+            "model": str(args.model_dir),
+            "cpu": host.cpu.model_dump(),
+            "gpu": host.cuda,
+            "serving": serving.model_dump(mode="json"),
+            "load": load.model_dump(mode="json"),
+            "slo": result.slo.model_dump(mode="json"),
+            "grid": {"max_num_seqs": args.seqs, "batched": args.batched, "gmu": args.gmu},
+            "runs": runs,
+            "date": time.strftime("%Y-%m-%d"),
+        }
+        payload |= ratios(runs)
+        atomic_write_text(output, json.dumps(payload, indent=2, default=str) + "\n")
+    table = [
         (
-            "output tok/s there (own run)",
-            tuned["chosen_goodput_tok_s"],
-            full["chosen_goodput_tok_s"],
-        ),
-        ("measurement s", tuned["seconds"], full["seconds"]),
-        ("server starts", len(tuned["trials"]), len(full["trials"])),
-        ("levels measured", tuned["levels_measured"], full["levels_measured"]),
+            name,
+            run["result"]["chosen"],
+            run["result"]["chosen_goodput"],
+            run["result"]["chosen_goodput_tok_s"],
+            run["result"]["seconds"],
+            len(run["result"]["trials"]),
+            run["result"]["levels_measured"],
+        )
+        for name, run in runs.items()
     ]
-    print(f"\n{'':26} {'tuner':>40} {'exhaustive':>40}")
-    for name, a, b in rows:
-        print(f"{name:26} {str(a):>40} {str(b):>40}")
     print(
-        f"\ngoodput of the tuner's choice / exhaustive best (both from the exhaustive sweep): "
-        f"{ratio_conc:.3f} in concurrency, {ratio_rps:.3f} in output tokens/s there (target ≥ 0.95)"
+        tabulate(
+            table,
+            headers=[
+                "strategy",
+                "chosen",
+                "goodput",
+                "output tok/s there",
+                "measurement s",
+                "server starts",
+                "levels",
+            ],
+        )
     )
-    print(f"tuner time / exhaustive time: {ratio_time:.3f} (target ≤ 0.333)")
-    payload = {
-        "model": str(args.model_dir),
-        "cpu": host.cpu.model_dump(),
-        "serving": serving.model_dump(mode="json"),
-        "load": load.model_dump(mode="json"),
-        "slo": tuned["slo"],
-        "grid": {"max_num_seqs": args.seqs},
-        "runs": runs,
-        "ratio_goodput_concurrency": round(ratio_conc, 3),
-        "ratio_goodput_tok_s": round(ratio_rps, 3),
-        "ratio_time": round(ratio_time, 3),
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{host.cpu.model_name} {host.cpu.isa}".lower()).strip("-")
-    output = args.output or RESULTS / f"tune_goodput-{slug}.json"
-    atomic_write_text(output, json.dumps(payload, indent=2) + "\n")
+    found = ratios(runs)
+    if found:
+        print(
+            f"\ngoodput of the tuner's choice / exhaustive best (both from the exhaustive "
+            f"sweep): {found['ratio_goodput_concurrency']:.3f} in concurrency, "
+            f"{found['ratio_goodput_tok_s']:.3f} in output tokens/s there (target ≥ 0.95)"
+        )
+        print(f"tuner time / exhaustive time: {found['ratio_time']:.3f} (target ≤ 0.333)")
     print(f"results: {output}")
 
 

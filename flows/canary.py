@@ -17,14 +17,17 @@ from pydantic import Field
 
 from flows.review import POLL_S
 from llm_release import registry
-from llm_release.canary import alerts, analysis, promote, rollout
+from llm_release.canary import alerts, analysis, promote, quality, rollout
 from llm_release.canary.analysis import WindowVerdict
+from llm_release.canary.quality import ProbeSet
 from llm_release.canary.rollout import Answer, Question, RolloutOutcome, WindowRecord
 from llm_release.config import RolloutConfig
 from llm_release.errors import ReleaseError, StateError, one_line
 from llm_release.load.traffic import Traffic
 from llm_release.serving import reasoning
+from llm_release.settings import settings
 from tasks.notify import emit_rollback
+from tasks.publish import publish_winner
 
 
 class CanaryAnswer(RunInput):
@@ -38,9 +41,16 @@ class CanaryAnswer(RunInput):
     name="analysis-window", cache_policy=NO_CACHE, task_run_name="canary {weight}% window {index}"
 )
 def analysis_window(
-    config: RolloutConfig, service: str, slo_ttft_p95_s: float, weight: int, index: int
+    config: RolloutConfig,
+    service: str,
+    slo_ttft_p95_s: float,
+    weight: int,
+    index: int,
+    probe_set: ProbeSet | None = None,
+    no_probe_set: str | None = None,
 ) -> WindowVerdict:
-    """Wait one window out at ``weight`` percent, then compare canary and stable over it."""
+    """Wait one window out at ``weight`` percent, then compare canary and stable over it:
+    their numbers from Prometheus, then their answers to the release's probe set."""
     # The window starts now, after the weight change: it holds only the new split.
     start = time.time()
     time.sleep(config.analysis.window_s + rollout.settle_s(config))
@@ -52,10 +62,31 @@ def analysis_window(
     except ReleaseError as exc:
         # No numbers is no evidence either way: the policy counts it as inconclusive.
         verdict = analysis.unanswered(config.analysis, service, start, end, exc.one_line())
+    # The probes go out after the window's end: its numbers hold none of them, and the
+    # next window starts when they are answered.
+    try:
+        verdict = analysis.probe_window(
+            verdict, probe_set, probe_route(service), why_not=no_probe_set
+        )
+    except ReleaseError as exc:
+        verdict = analysis.with_quality(verdict, [], None, why_not=exc.one_line())
     get_run_logger().info(
         "canary at %d%%, window %d: %s (%s)", weight, index, verdict.verdict, verdict.reason
     )
     return verdict
+
+
+def probe_route(service: str) -> quality.ProbeRoute:
+    """The load balancer's loopback listener, with the project's key, for the probes."""
+    state = registry.load()
+    router = promote.router_for(state)
+    return quality.ProbeRoute(
+        url=router.url,
+        api_key=router.api_key,
+        service=service,
+        # The thinking switch as the demo traffic sends it (see walk_canary).
+        request_body=reasoning.releases_request_body([state.stable, state.canary]),
+    )
 
 
 class FlowActions:
@@ -65,6 +96,20 @@ class FlowActions:
         self.config, self.release_id, self.service, self.slo = config, release_id, service, slo
         self.weight = config.first_weight
         self.logger = get_run_logger()
+        # The release's probe set, fixed for the whole walk; without one every window's
+        # quality check is inconclusive (never a pass).
+        self.probe_set: ProbeSet | None = None
+        self.no_probe_set: str | None = None
+        found = settings()
+        try:
+            self.probe_set = quality.build_probe_set(
+                release_id,
+                items_per_set=found.quality_probe_items,
+                min_per_slice=found.quality_probe_min_items,
+            )
+        except ReleaseError as exc:
+            self.no_probe_set = exc.one_line()
+            self.logger.error("no quality probes for %s: %s", release_id, self.no_probe_set)
 
     def _record(self, state: str, last: WindowRecord | None = None, reason: str | None = None):
         rollout.record(
@@ -74,6 +119,12 @@ class FlowActions:
     def still_canary(self) -> bool:
         state = registry.load()
         return state.canary is not None and state.canary.release_id == self.release_id
+
+    def crash_looping(self) -> str | None:
+        canary = registry.load().canary
+        if canary is None or canary.release_id != self.release_id:
+            return None
+        return promote.crash_looping(canary)
 
     def set_weight(self, weight: int) -> None:
         promote.set_canary_weight(weight)
@@ -92,11 +143,25 @@ class FlowActions:
         time.sleep(seconds)
 
     def analyze(self, weight: int, index: int) -> WindowVerdict:
-        verdict = analysis_window(self.config, self.service, self.slo, weight, index)
+        verdict = analysis_window(
+            self.config,
+            self.service,
+            self.slo,
+            weight,
+            index,
+            self.probe_set,
+            self.no_probe_set,
+        )
         self._record("analysing", WindowRecord(weight=weight, index=index, verdict=verdict))
         return verdict
 
     def ask(self, question: Question, windows: list[WindowRecord]) -> Answer:
+        answer = self._ask(question, windows)
+        # Who approved (or refused), how and why, on the record (the history's events).
+        rollout.record_answer(self.release_id, question, self.weight, answer)
+        return answer
+
+    def _ask(self, question: Question, windows: list[WindowRecord]) -> Answer:
         if question == "promote" and self.config.approval == "approve":
             note = "approved without asking (rollout.approval is 'approve' in the release config)"
             self.logger.warning("promotion of %s: %s", self.release_id, note)
@@ -137,6 +202,7 @@ class FlowActions:
         self.weight = 100
         self._record("promoted")
         install_alerts(new.release_id, new.public_name, self.slo, self.config)
+        publish_winner(new)
 
     def rollback(self, reason: str) -> None:
         self.logger.error("rolling back %s: %s", self.release_id, reason)
@@ -178,7 +244,11 @@ def walk_canary(
             router.url,
             service,
             rate_rps=config.traffic.rate_rps,
-            duration_s=rollout.longest_rollout_s(config),
+            # A window's probes (2 x items, a few at a time) take far less than one
+            # probe's timeout on the demo's model; the traffic stops with the walk anyway.
+            duration_s=rollout.longest_rollout_s(
+                config, probe_s=settings().quality_probe_timeout_s
+            ),
             concurrency=config.traffic.concurrency,
             max_tokens=config.traffic.max_tokens,
             # Thinking off (unless serving.thinking) for the stable's and canary's models

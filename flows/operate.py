@@ -26,6 +26,7 @@ from llm_release.results import EvalResult
 from llm_release.serving import reasoning
 from llm_release.serving.factory import make_server
 from tasks.notify import emit_rollback
+from tasks.publish import publish_winner
 from tasks.slots import ensure_host_limit, host_slot
 
 
@@ -76,6 +77,7 @@ def promote_canary(
         raise _one_line(exc) from None
     get_run_logger().info("promoted %s: it is now stable at 100%%", new.release_id)
     install_alerts(new.release_id, new.public_name, slo_ttft_p95_s, RolloutConfig())
+    publish_winner(new)
     return _summary(new)
 
 

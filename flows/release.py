@@ -32,6 +32,7 @@ from llm_release.registry import RegistryState, Release
 from llm_release.reporting.report import Deployment, Origin, ReleaseReport
 from llm_release.results import CandidateResult, Decision, DeployTarget
 from llm_release.serving.backends import sweep_containers
+from llm_release.serving.capacity import as_planned
 from llm_release.serving.probe import HostSupport
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
@@ -40,10 +41,10 @@ from tasks.plan import plan_capacity
 from tasks.probe import probe_host
 from tasks.promote import promote_release
 from tasks.quantize import build_contender
-from tasks.report import publish_report
+from tasks.report import publish_lineage, publish_report
 from tasks.slots import ensure_host_limit
 from tasks.stage import StageClock
-from tasks.states import completed_with_failures, value_of
+from tasks.states import completed_with_failures, settled, value_of
 from tasks.tune import tune_contender
 
 
@@ -96,6 +97,7 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     source, token = hub_access(config.source)
     with stage("plan"):
         sizing = plan_capacity(config.model_copy(update={"source": source}), token)
+    config = as_planned(config, sizing)  # tensor_parallel_size 'auto': the plan's
     with stage("acquire"):
         acquired = acquire_model(source, token)
     with stage("probe"):
@@ -128,9 +130,24 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
         deployment=Deployment.of(registry.load()) if state is not None else None,
         canary=rollout,
     )
-    decisions.record(config, acquired.commit, report.verdict, report.summary, run_id)
-    outcome = ReleaseOutcome.of(report, run_dir, publish_report(run_dir, report)["markdown"])
+    outcome = record_run(report, run_dir, acquired.commit)
     return completed_with_failures(outcome, outcome.failed)
+
+
+def record_run(report: ReleaseReport, run_dir: Path, commit: str) -> ReleaseOutcome:
+    """The run's judgement on the record (the nightly run answers the same question from
+    it), its report in the run folder and the UI, and the lineage of what it deployed."""
+    decisions.record(
+        report.config,
+        commit,
+        report.verdict,
+        report.summary,
+        report.run_id,
+        approved_by=report.decision.reviewed,
+    )
+    outcome = ReleaseOutcome.of(report, run_dir, publish_report(run_dir, report)["markdown"])
+    publish_lineage(report.run_id)
+    return outcome
 
 
 def start_run(config: ReleaseConfig) -> tuple[str, Path]:
@@ -207,10 +224,11 @@ def measure_contenders(
     run_dir: Path,
     service: str,
 ) -> list[CandidateResult]:
-    """Every contender served, evaluated and load-tested alike. A failed candidate is a
-    Failed task run; its result goes on to the decision as a measured one does."""
-    states = [
-        measure_contender(
+    """Every contender served, evaluated and load-tested alike, side by side as far as the
+    host's slots allow (one per GPU: tasks/slots.py). A failed candidate is a Failed task
+    run; its result goes on to the decision as a measured one does."""
+    futures = [
+        measure_contender.submit(
             c,
             acquired.model_dir,
             config.evaluation,
@@ -220,11 +238,10 @@ def measure_contenders(
             service,
             run_id,
             slo=slo_for(config.gates),
-            return_state=True,
         )
         for c in contenders
     ]
-    return [value_of(state, CandidateResult) for state in states]
+    return [value_of(settled(future), CandidateResult) for future in futures]
 
 
 def promote(

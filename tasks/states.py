@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from prefect.client.schemas.objects import State
+from prefect.futures import PrefectFuture
 from prefect.states import Completed, Failed
 
 T = TypeVar("T")
@@ -30,6 +31,12 @@ def value_of(state: State, kind: type[T]) -> T:
     if isinstance(value, BaseException):
         raise value
     return state.result()
+
+
+def settled(future: PrefectFuture) -> State:
+    """A submitted task run's final state, once it has one."""
+    future.wait()
+    return future.state
 
 
 def first_line(error: str | None, limit: int = 300) -> str:

@@ -88,3 +88,39 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server for the session (tests/pg.py); a skip when it cannot
+    start, which CI turns into a failure (pytest_runtest_makereport above)."""
+    from tests.pg import PostgresServer, PostgresUnavailable
+
+    try:
+        server = PostgresServer.start()
+    except PostgresUnavailable as exc:
+        pytest.skip(f"PostgreSQL could not start: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def postgres_url(postgres_server) -> str:
+    """A database of this test's own on the session's server."""
+    return postgres_server.create_database()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def record_url(request, home, monkeypatch) -> str:
+    """The record's URL, set for this test: the default SQLite file, or a new database on
+    the session's PostgreSQL server."""
+    from llm_release.record import store
+
+    if request.param == "postgres":
+        monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", request.getfixturevalue("postgres_url"))
+    else:
+        monkeypatch.delenv("LLM_RELEASE_DATABASE_URL", raising=False)
+    yield store.database_url()
+    for engine in store._engines.values():
+        engine.dispose()
+    store._engines.clear()

@@ -11,6 +11,8 @@
 #   trip 5  (nothing)                       bash scripts/gpu/device_run.sh measure moe-full hybrid
 #           (full-size shapes from config.json alone, --load-format dummy; the MoE kernels
 #           come in .vc as moe_C.so.xz)
+#   tune    bench/tune_goodput.py --gpu ARGS (the tuner against a grid and vLLM's defaults;
+#           docs/gpu-host.md has the planned calls)
 #
 # Trips must follow each other within the machine's 30 s warm window: /tmp (the installs, the
 # models, the quantized candidates, vLLM's compile cache) is kept only between back-to-back
@@ -18,7 +20,7 @@
 # proof's output and the server logs ($OUT/proof-logs.tgz).
 set -uo pipefail
 : "${OUT:=/tmp/out}"
-mode=${1:?usage: device_run.sh prepare|measure STEP...}
+mode=${1:?usage: device_run.sh prepare|measure STEP... | tune BENCH-ARGS...}
 shift
 ROOT=$(pwd)
 WORK=/tmp/proof
@@ -71,7 +73,21 @@ fi
 # the serving python the project finds through LLM_RELEASE_VLLM_PYTHON
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site exec python3 "$@"\n' > /tmp/vpy && chmod +x /tmp/vpy
 export LLM_RELEASE_VLLM_PYTHON=/tmp/vpy
-export PYTHONPATH=/tmp/psite:$ROOT/src
+export PYTHONPATH=/tmp/psite:$ROOT/src:$ROOT
+
+# tune: bench/tune_goodput.py --gpu with the rest of the arguments (strategies may come in
+# calls of their own: --output under /tmp/proof accumulates them; sent back each trip)
+if [ "$mode" = tune ]; then
+  export LLM_RELEASE_ALLOW_SERVING_FLAGS=--load-format
+  log "tune $*"
+  python3 bench/tune_goodput.py --gpu "$@" 2>&1 | tee -a "$OUT/tune.log" | grep -v 'it/s' | tail -30
+  rc=${PIPESTATUS[0]}
+  log "tune ended with $rc"
+  cp "$WORK"/tune*.json "$OUT"/ 2>/dev/null
+  (cd "$WORK/home" && find . -path '*bench-tune*' -name '*.json' -o -path '*bench-tune*' -name 'vllm.log' |
+    tar -czf "$OUT/tune-logs.tgz" -T - ) 2>/dev/null
+  exit "$rc"
+fi
 
 flag=()
 [ "$mode" = prepare ] && flag=(--prepare-only)
@@ -79,6 +95,8 @@ if [ -f .vp/tok.tar.xz ] && [ ! -f /tmp/tok/tokenizer.json ]; then
   mkdir -p /tmp/tok && tar -C /tmp/tok -xJf .vp/tok.tar.xz
 fi
 [ -f /tmp/tok/tokenizer.json ] && flag+=(--tokenizer /tmp/tok)
+# ALSO_GMU=0.5: each step's first candidate started again there, for the planner check alone
+[ -n "${ALSO_GMU:-}" ] && flag+=(--also-utilization "$ALSO_GMU")
 log "$mode $*"
 python3 scripts/gpu/release_proof.py "$@" "${flag[@]}" --work "$WORK" \
   --jsonl "$OUT/gpu-serving.jsonl" --requests "${REQUESTS:-200}" 2>&1 | tee -a "$OUT/proof.log" |

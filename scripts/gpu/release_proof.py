@@ -356,6 +356,13 @@ def main() -> None:
         action="store_true",
         help="build the models and quantize them (no vLLM needed): the first trip",
     )
+    parser.add_argument(
+        "--also-utilization",
+        type=float,
+        default=None,
+        help="after each step's first candidate, start it again at this "
+        "gpu_memory_utilization for the planner check alone (no eval, no load)",
+    )
     args = parser.parse_args()
 
     vllm_python = Path(os.environ.get("LLM_RELEASE_VLLM_PYTHON", "/nonexistent"))
@@ -440,6 +447,54 @@ def main() -> None:
             with args.jsonl.open("a") as fh:
                 fh.write(json.dumps(line) + "\n")
             print(json.dumps(line), flush=True)
+            if args.also_utilization and scheme == schemes_for(step, args.schemes.split(","))[0]:
+                size_only(args, env, model, scheme, source, folder, serving, out)
+
+
+def size_only(args, env: dict, model: str, scheme: str, source: str, folder, serving, out) -> None:
+    """Start the candidate again at another gpu_memory_utilization, read the KV report,
+    stop: the planner's check at a second utilization (a jsonl line with purpose sizing)."""
+    from llm_release.hardware import detect
+    from llm_release.serving.capacity import kv_check
+    from llm_release.serving.factory import make_server
+
+    other = serving.model_copy(update={"gpu_memory_utilization": args.also_utilization})
+    log_path = out.with_name(out.name + f"-u{args.also_utilization}") / "vllm.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    mark = time.monotonic()
+    line = {"model": model, "scheme": scheme, "source": source, "purpose": "sizing"}
+    try:
+        with make_server(folder, ["m"], other, log_path) as server:
+            check = kv_check(folder, server.serving, detect(), server.log_text())
+        line |= {
+            "healthy": True,
+            "kv_tokens_vllm": check.vllm_kv_cache_tokens if check else None,
+            "kv_tokens_planner": check.planner_kv_cache_tokens if check else None,
+            "kv_tokens_error": round(check.tokens_error, 5) if check else None,
+            # the planner's terms, as record() writes them (its weights = budget - these)
+            "planner_overhead_gib": round(check.planner_overhead_bytes / 2**30, 3)
+            if check and check.planner_overhead_bytes
+            else None,
+            "planner_kv_memory_gib": round(check.planner_kv_memory_bytes / 2**30, 3)
+            if check and check.planner_kv_memory_bytes
+            else None,
+        }
+    except Exception as exc:  # noqa: BLE001 - a sizing start's failure is recorded
+        line |= {"healthy": False, "error": f"{type(exc).__name__}: {exc}"}
+    line |= {
+        "vllm_version": env["vllm_version"],
+        "gpu": env["gpu"],
+        "gpu_memory_utilization": args.also_utilization,
+        "max_model_len": serving.max_model_len,
+        "vllm_profile": vllm_profile(log_path),
+        "served_max_num_seqs": served_seqs(log_path),
+        "stage_seconds": {"serve_start": round(time.monotonic() - mark, 2)},
+        "eval": {},
+        "load": [],
+    }
+    with args.jsonl.open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+    print(json.dumps(line), flush=True)
 
 
 def served_seqs(log_path: Path) -> int | None:

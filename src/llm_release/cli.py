@@ -36,7 +36,7 @@ def _print_status(as_json: bool) -> None:
         print(
             f"  {rel['role']:<7} {rel['release_id']:<45} weight={rel['weight']} "
             f"requests={rel['requests']} health={rel['health']} "
-            f"process={'up' if rel['process_alive'] else 'down'}"
+            f"process={'up' if rel['process_alive'] else 'down'}" + _server_text(rel.get("server"))
         )
     walk = info.get("rollout")
     if walk:
@@ -50,6 +50,14 @@ def _print_status(as_json: bool) -> None:
             )
         if walk.get("reason"):
             print(f"  {walk['reason']}")
+
+
+def _server_text(server: dict | None) -> str:
+    """A supervised server's (or container's) state and restarts, for the status line."""
+    if not server:
+        return ""
+    text = f" server={server['state']} restarts={server['restarts']}"
+    return text + (f" ({server['reason']})" if server.get("reason") else "")
 
 
 # `canary rollback` exit status when the canary's server was stopped without anyone
@@ -161,6 +169,14 @@ def cmd_hub(args: argparse.Namespace) -> None:
         print(f"published {args.repo_id} ({args.branch}) at commit {commit}")
 
 
+def cmd_history(args: argparse.Namespace) -> int:
+    from llm_release.reporting import lineage
+
+    lines = lineage.history(args.service)
+    print(lineage.to_json(lines) if args.json else lineage.to_markdown(lines))
+    return 0
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     from llm_release.canary.promote import down
     from llm_release.serving.processes import started_before
@@ -183,6 +199,18 @@ def cmd_down(args: argparse.Namespace) -> int:
     for problem in problems:
         print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from llm_release.canary.promote import up
+
+    state, started = up()
+    print("started: " + (", ".join(started) if started else "nothing (every release was up)"))
+    print(
+        f"load balancer: http://127.0.0.1:{state.router_port} (canary weight "
+        f"{state.canary_weight if state.canary else 0}%)"
+    )
+    return 0
 
 
 def cmd_image(args: argparse.Namespace) -> int:
@@ -618,6 +646,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     images.add_argument("--force", action="store_true", help="build again even if present")
     images.set_defaults(func=cmd_image)
+
+    up = sub.add_parser(
+        "up",
+        help="bring every release in the record back (after a reboot or 'down')",
+        description="Start the stable and canary releases the registry records, each on its "
+        "model and serving settings, healthy before the load balancer sends it traffic; the "
+        "canary keeps its weight. Releases still serving are left alone.",
+    )
+    up.set_defaults(func=cmd_up)
+
+    hist = sub.add_parser(
+        "history",
+        help="every release in the record: where it came from and why it was chosen",
+        description="For each release (oldest first): upstream repo and commit, recipe and "
+        "calibration fingerprint, scores with intervals, goodput, the decision and review, "
+        "each rollout window's verdict and who approved, and the registry's events.",
+    )
+    hist.add_argument("service", nargs="?", help="only this service (public model name)")
+    hist.add_argument("--json", action="store_true", help="the records as JSON")
+    hist.set_defaults(func=cmd_history)
 
     down = sub.add_parser("down", help="stop every server the project started")
     down.set_defaults(func=cmd_down)

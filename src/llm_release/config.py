@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -14,6 +14,7 @@ from pydantic import (
     model_validator,
 )
 
+from llm_release.errors import ConfigError
 from llm_release.hub.credentials import check_endpoint
 from llm_release.safety import SET_NAME
 from llm_release.serving.serving_flags import check_serving_args
@@ -194,7 +195,12 @@ class ServingConfig(StrictModel):
         description="process: a vLLM process in the serving virtualenv (the embedded "
         "default); docker: one container per candidate or release through the Docker SDK",
     )
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM --tensor-parallel-size")
+    tensor_parallel_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1,
+        description="vLLM --tensor-parallel-size; auto: the plan's, the smallest of 1, 2, 4, "
+        "8 GPUs (at most the host's) whose KV cache holds a sequence of max_model_len (1 on "
+        "a CPU host), set by the plan stage before anything starts",
+    )
     enable_expert_parallel: bool = Field(
         False, description="vLLM --enable-expert-parallel: MoE experts spread over the TP ranks"
     )
@@ -249,19 +255,30 @@ class ServingConfig(StrictModel):
             if not self.gpus or len(set(self.gpus)) != len(self.gpus) or min(self.gpus) < 0:
                 raise ValueError("serving.gpus: a list of distinct GPU indices (0, 1, …)")
         wanted = len(self.gpus) if isinstance(self.gpus, list) else self.gpus
-        if isinstance(wanted, int) and wanted < self.tensor_parallel_size:
+        tp = self.tensor_parallel_size
+        if isinstance(wanted, int) and isinstance(tp, int) and wanted < tp:
             raise ValueError(
                 f"serving.gpus gives {wanted} GPU(s), fewer than tensor_parallel_size "
                 f"{self.tensor_parallel_size} (one GPU per tensor-parallel rank)"
             )
         return self
 
+    @property
+    def tp_size(self) -> int:
+        """The tensor-parallel size a server starts with; 'auto' must be planned first."""
+        if self.tensor_parallel_size == "auto":
+            raise ConfigError(
+                "serving.tensor_parallel_size is 'auto' and was not planned",
+                hint="the release's plan stage sets it; elsewhere give a number (1, 2, 4, 8)",
+            )
+        return self.tensor_parallel_size
+
     def parallel_args(self) -> list[str]:
         """The typed parallelism and KV settings as vLLM arguments (defaults are omitted,
         so a CPU command line stays what vLLM CPU accepts)."""
         args: list[str] = []
-        if self.tensor_parallel_size != 1:
-            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+        if self.tp_size != 1:
+            args += ["--tensor-parallel-size", str(self.tp_size)]
         if self.enable_expert_parallel:
             args.append("--enable-expert-parallel")
         if self.kv_cache_dtype != "auto":

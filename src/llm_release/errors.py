@@ -106,3 +106,12 @@ class TrafficError(ConfigError):
 class DiskSpaceError(ReleaseError):
     """A download or quantization would not fit the free space of its target folder:
     refused before the first byte is written."""
+
+
+class PublishError(ReleaseError):
+    """A release could not be published to the hub, or the hub lists other bytes than the
+    ones sent."""
+
+
+class PrefectServerError(ReleaseError):
+    """The project's Prefect server (``python -m flows.server``) did not become healthy."""

@@ -1,24 +1,28 @@
 """The release registry: which release is stable, which is the canary, and their servers.
 
-A JSON file under the project home, written atomically and changed under an exclusive
-file lock, so two runs can never put two canaries in front of users.
+Kept in the release record (``llm_release.record``: SQLite under the project home, or
+PostgreSQL by ``LLM_RELEASE_DATABASE_URL``), changed in one transaction that first locks
+the registry's row, so two runs — two processes, or two hosts on one PostgreSQL — can never
+put two canaries in front of users. The old ``releases.json`` is imported once, at the
+record's first start on a project home (``record/legacy.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy.orm import Session
 
 from llm_release import paths
 from llm_release.config import STORED, ServingConfig
 from llm_release.errors import StateError
-from llm_release.fileio import atomic_write_text, locked_json
+from llm_release.record import store
+from llm_release.record.state import read_releases, read_state, write_state
 
 
 class Release(BaseModel):
@@ -37,6 +41,9 @@ class Release(BaseModel):
     pid: int = 0
     pid_started: float | None = None
     container: str | None = None
+    # The process backend's supervisor (then ``pid`` is the supervisor's, which restarts
+    # vLLM when it dies): the port of its /metrics. None: an unsupervised server.
+    supervisor_port: int | None = None
     log_path: str
     run_dir: str | None = None
     serving: ServingConfig
@@ -82,31 +89,72 @@ class RegistryState(BaseModel):
 
 
 def registry_path() -> Path:
+    """The registry's old JSON file: imported into the record once (its first start on this
+    home), then left as it was."""
     return paths.home() / "releases.json"
 
 
-def load() -> RegistryState:
-    path = registry_path()
-    if not path.exists():
-        return RegistryState()
+def _state(stored: dict) -> RegistryState:
     try:
         # Records the pipeline wrote: they load under the rules they were written with.
-        return RegistryState.model_validate_json(path.read_bytes(), context=STORED)
-    except (ValidationError, ValueError) as exc:
+        return RegistryState.model_validate(stored, context=STORED)
+    except ValidationError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = store.shown(store.database_url())
         raise StateError(
-            f"the release registry {path} is corrupt ({first})",
-            hint=f"'llm-release down' still stops the servers; then move {path.name} aside "
-            "(the next release starts from no stable release) or restore it from a backup",
+            f"the release registry in the record {where} is corrupt ({first})",
+            hint="'llm-release down' still stops the servers; then fix the registry's rows "
+            "(docs/record.md) or restore the record from a backup",
         ) from None
 
 
+def load() -> RegistryState:
+    """The registry as last committed (a read never waits for a writer)."""
+    if store.missing() and not registry_path().exists():
+        return RegistryState()  # nothing recorded, nothing to import: no record made
+    with store.transaction(write=False) as session:
+        return _state(read_state(session))
+
+
+def releases() -> list[tuple[Release, str]]:
+    """Every release that ever served, oldest first, with its state now."""
+    if store.missing() and not registry_path().exists():
+        return []
+    with store.transaction(write=False) as session:
+        rows = read_releases(session)
+    out = []
+    for raw, state in rows:
+        try:
+            out.append((Release.model_validate(raw, context=STORED), state))
+        except ValidationError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StateError(
+                f"release {raw.get('release_id')!r} in the record is corrupt ({first})",
+                hint="fix its row (docs/record.md) or restore the record from a backup",
+            ) from None
+    return out
+
+
 def save(state: RegistryState) -> None:
-    atomic_write_text(registry_path(), json.dumps(state.model_dump(), indent=2) + "\n")
+    with store.transaction() as session:
+        store.lock_registry(session)
+        write_state(session, state.model_dump(mode="json"))
 
 
 @contextlib.contextmanager
 def locked() -> Iterator[RegistryState]:
-    """Load the state under an exclusive lock; saved on a clean exit."""
-    with locked_json(registry_path(), load) as state:
+    """Load the state with the registry's row locked (a second writer waits); saved on a
+    clean exit, left as it was when the block raises."""
+    with locked_session() as (state, _session):
         yield state
+
+
+@contextlib.contextmanager
+def locked_session() -> Iterator[tuple[RegistryState, Session]]:
+    """``locked()``, with its transaction's session: rows the caller writes there (a walk's
+    steps and windows, ``record/walks.py``) commit with the state, or not at all."""
+    with store.transaction() as session:
+        store.lock_registry(session)
+        state = _state(read_state(session))
+        yield state, session
+        write_state(session, state.model_dump(mode="json"))

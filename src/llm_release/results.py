@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from llm_release.config import ServingConfig
 from llm_release.sizing.vllm_report import KvCheck
 
+# A measured candidate's CandidateResult, in its folder of the run (<run>/candidates/<name>/).
+CANDIDATE_RESULT = "result.json"
+
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -228,6 +231,9 @@ class CandidateResult(Record):
     )
     tuning: TuneResult | None = Field(
         None, description="the serving-settings search it was measured with (tune enabled)"
+    )
+    gpus: list[int] = Field(
+        default_factory=list, description="the GPUs its server held (none on a CPU host)"
     )
 
 

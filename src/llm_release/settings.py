@@ -48,6 +48,21 @@ LOCAL_ROOTS_HINT = (
 )
 _BOOLEAN = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
+# NVLink multicast (NVLS) stays off in every process the project starts, containers
+# included: on shared multi-GPU hosts a program that uses it can put the host's GPUs out of
+# service for a day or more (the lent hosts' notes). Not a setting: no operator value turns
+# it back on; ``child_env``, the container spec and the quantize stage apply it.
+NVLINK_MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def nvlink_multicast_off_here() -> None:
+    """NVLink multicast off in this process too (it quantizes on the GPUs itself)."""
+    os.environ.update(NVLINK_MULTICAST_OFF)
+
 
 def _describe(text: str, **extra: Any) -> dict[str, Any]:
     return {"description": f"{text} {TRUSTED}", **({"json_schema_extra": extra} if extra else {})}
@@ -94,6 +109,23 @@ class Settings(BaseSettings):
         **_describe(
             "Cached runtime probes (served dtype, scheme support), keyed by host and runtime "
             "version. Unset: <home>/probes."
+        ),
+    )
+    database_url: SecretStr | None = Field(
+        None,
+        **_describe(
+            "The release record's database (releases, decisions, measurements, rollouts, GPU "
+            "claims; docs/record.md): an SQLAlchemy URL, e.g. "
+            "postgresql+psycopg://user:password@host/llm_release. Unset: an SQLite file, "
+            "<home>/record.db."
+        ),
+    )
+    prefect_database_url: SecretStr | None = Field(
+        None,
+        **_describe(
+            "The Prefect server's database (make prefect-up): a PostgreSQL URL, e.g. "
+            "postgresql://user:password@host/prefect, given to Prefect with the asyncpg "
+            "driver (docs/prefect-ui.md). Unset: Prefect's SQLite file."
         ),
     )
     local_roots: Annotated[tuple[Path, ...], NoDecode] = Field(
@@ -154,6 +186,37 @@ class Settings(BaseSettings):
         **_describe(
             "ModelScope's own variable: the environment's ModelScope token, sent only to "
             "modelscope.cn and LLM_RELEASE_MODELSCOPE_TOKEN_ENDPOINTS."
+        ),
+    )
+
+    publish_repo: str | None = Field(
+        None,
+        **_describe(
+            "The repo (owner/name) a release's quantized folder is published to, as a new "
+            "revision with a model card, once its canary reaches 100%. Unset: nothing is "
+            "published."
+        ),
+    )
+    publish_endpoint: str | None = Field(
+        None,
+        **_describe(
+            "The Hugging Face-compatible hub to publish to. Unset: HF_ENDPOINT (the hub "
+            "models come from), else https://huggingface.co."
+        ),
+    )
+    publish_token: SecretStr | None = Field(
+        None,
+        **_describe(
+            "A write token for the publish hub, sent to LLM_RELEASE_PUBLISH_ENDPOINT only. "
+            "Unset: the environment's Hugging Face token where it may go "
+            "(LLM_RELEASE_HF_TOKEN_ENDPOINTS), else none."
+        ),
+    )
+    publish_xet: bool = Field(
+        False,
+        **_describe(
+            "1: publish through the Xet protocol (a hub that speaks it); default: the Git "
+            "LFS protocol, which the demo hub and plain mirrors speak."
         ),
     )
 
@@ -242,6 +305,31 @@ class Settings(BaseSettings):
         None,
         **_describe("The port of HAProxy's Prometheus exporter. Unset: a free port."),
     )
+    quality_probe_items: int = Field(
+        8,
+        ge=1,
+        le=200,
+        **_describe(
+            "The canary's quality probes: items of each critical eval set sent to canary and "
+            "stable alike after every analysis window (a sample fixed per release)."
+        ),
+    )
+    quality_probe_min_items: int = Field(
+        6,
+        ge=1,
+        **_describe(
+            "A critical slice with fewer items answered by both canary and stable makes the "
+            "window's quality check inconclusive."
+        ),
+    )
+    quality_probe_concurrency: int = Field(
+        2, ge=1, le=32, **_describe("Quality probes in flight at once, per release.")
+    )
+    quality_probe_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        **_describe("Seconds one quality probe may take; a slower one counts as unanswered."),
+    )
     prefect_api_url: str | None = Field(
         None,
         validation_alias="PREFECT_API_URL",
@@ -265,6 +353,47 @@ class Settings(BaseSettings):
         ),
     )
     hub_log: bool = Field(False, **_describe("1: the demo hub logs every request to stderr."))
+
+    # ------------------------------------------------------------ supervised serving
+    restart_backoff_s: float = Field(
+        2.0,
+        gt=0,
+        le=3600,
+        **_describe(
+            "Seconds a serving release's supervisor waits before its first restart of a dead "
+            "vLLM (process backend); each further crash in the window doubles it."
+        ),
+    )
+    restart_backoff_max_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        **_describe("The longest wait between two restarts of a serving release."),
+    )
+    restart_limit: int = Field(
+        5,
+        ge=0,
+        le=100,
+        **_describe(
+            "Restarts of a serving release within LLM_RELEASE_RESTART_WINDOW_S before it is "
+            "crash-looping: its supervisor gives up (a canary is rolled back). Docker: the "
+            "restart policy's maximum retry count."
+        ),
+    )
+    restart_window_s: float = Field(
+        600.0,
+        gt=0,
+        **_describe("The window, in seconds, over which crashes of a serving release count."),
+    )
+    hang_after_s: float = Field(
+        60.0,
+        ge=5,
+        le=3600,
+        **_describe(
+            "How long, in seconds, a serving release's server that was healthy may answer "
+            "no /health before its supervisor kills it as hung (then restarted as a crash)."
+        ),
+    )
 
     # ------------------------------------------------------------ parsing and checks
     # A check raises ConfigError with its own message and hint: pydantic wraps only
@@ -342,7 +471,7 @@ class Settings(BaseSettings):
             )
         return seconds
 
-    @field_validator("docker_ipc_host", "hub_log", mode="before")
+    @field_validator("docker_ipc_host", "hub_log", "publish_xet", mode="before")
     @classmethod
     def _boolean(cls, value: Any, info: Any) -> Any:
         if isinstance(value, str):
@@ -352,6 +481,19 @@ class Settings(BaseSettings):
                     f"{name}={value[:40]!r} is not a boolean", hint=f"set {name}=0 or 1"
                 )
             return _BOOLEAN[value.lower()]
+        return value
+
+    @field_validator("prefect_database_url")
+    @classmethod
+    def _postgres_url(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and not re.match(
+            r"postgres(ql)?(\+\w+)?://", value.get_secret_value()
+        ):
+            name = env_name("prefect_database_url")
+            raise ConfigError(
+                f"{name} is not a PostgreSQL URL (postgresql://user:password@host/database)",
+                hint=f"unset {name} for Prefect's SQLite file, or give a PostgreSQL URL",
+            )
         return value
 
     @field_validator("docker_image")

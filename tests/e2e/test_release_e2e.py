@@ -1,4 +1,6 @@
-"""The whole release flow on a tiny model: real Prefect, vLLM, lm-eval, GuideLLM, HAProxy."""
+"""The whole release flow on a tiny model: real Prefect, vLLM, lm-eval, GuideLLM, HAProxy,
+with the release record on a real PostgreSQL (issue 25: the release, canary and rollback
+once against PostgreSQL; the CLI's processes share it), and its lineage read back."""
 
 import json
 import shutil
@@ -18,7 +20,7 @@ from tests.helpers import (
     vllm_processes,
 )
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 
 @pytest.fixture(scope="module")
@@ -95,11 +97,22 @@ def prefect_artifacts(flow_run_id) -> dict:
 # slower CPU room, and a hang still ends the test, not the CI run.
 @pytest.mark.timeout(2400)
 def test_release_end_to_end(
-    prefect_api, home, hub, hub_root, tiny_model_dir, tmp_path, sets_reported_only, monkeypatch
+    prefect_api,
+    home,
+    hub,
+    hub_root,
+    tiny_model_dir,
+    tmp_path,
+    sets_reported_only,
+    monkeypatch,
+    postgres_url,
 ):
     from flows.release import release
     from llm_release.config import ReleaseConfig
     from llm_release.serving.serve import free_port
+
+    # The record on PostgreSQL, for the flows here and the CLI's processes alike.
+    monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", postgres_url)
 
     # The broken candidate's flag, unknown to vLLM, passes the allow-list only as the
     # operator's addition (a run form cannot add flags).
@@ -181,6 +194,13 @@ def test_release_end_to_end(
             assert runs["states"][f"measure-{name}"] == "COMPLETED", (name, runs["states"])
     artifacts = prefect_artifacts(final.state_details.flow_run_id)
     assert {"release-candidates", "release-report", "release-plots"} <= set(artifacts)
+    # The run links to the record: the deployed releases' lineage, read back from it.
+    deployed = registry.load()
+    assert "release-lineage" in artifacts, set(artifacts)
+    lineage_md = artifacts["release-lineage"].data
+    assert deployed.stable.release_id in lineage_md and "llm-release history" in lineage_md
+    if deployed.canary is not None:
+        assert deployed.canary.release_id in lineage_md, lineage_md
     # What a person sees: the run's page and its candidates table in the Prefect UI, in a
     # real browser (headless Chromium); the screenshots stay in the run folder.
     run_page = chromium_page(
@@ -230,14 +250,21 @@ def test_release_end_to_end(
         "source": {"repo_id": TINY_REPO, "endpoint": hub.url},
         "candidates": [],
         "serving": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
-        "evaluation": {"limit": 4},
-        "load": {"concurrencies": [1], "requests_per_level": 2, "output_tokens": 8},
+        # The first release's evaluation and load: the champion's measurement is reused
+        # (the same model, items, load and serving), only the new commit is measured.
+        "evaluation": {"limit": 8},
+        "load": {
+            "concurrencies": [1, 2],
+            "requests_per_level": 4,
+            "prompt_tokens": 32,
+            "output_tokens": 8,
+        },
         "gates": {"ttft_p95_slo_s": 120},
         "router_port": router_port,
         "rollout": {"mode": "hold"},
     }
     update = model_update(ReleaseConfig.model_validate(later))
-    assert (update.status, update.commit) == ("up-to-date", state.stable.commit)
+    assert (update.status, update.commit) == ("up-to-date", state.stable.commit), update
 
     # Upstream moves 'main' to a new commit: the next check releases it. With no quantized
     # candidate the new commit's baseline is the contender, and it goes out as the canary.
@@ -248,35 +275,51 @@ def test_release_end_to_end(
     new_commit = publish_repo(hub_root, TINY_REPO, moved)
     assert new_commit != state.stable.commit
     update = model_update(ReleaseConfig.model_validate(later))
-    assert update.status == "judged" and update.commit == new_commit
+    assert update.status == "judged" and update.commit == new_commit, update
     # Judged against the champion (the promoted winner, or the first baseline) and out.
     assert update.release.winner == "baseline", update.release.summary
     second = json.loads((home / "runs" / update.release.run_id / "report.json").read_text())
-    assert [r["role"] for r in second["results"]] == ["champion", "baseline"]
+    assert [r["role"] for r in second["results"]] == ["champion", "baseline"], [
+        (r["name"], r["status"], r["error"]) for r in second["results"]
+    ]
+    champion = next(r for r in second["results"] if r["role"] == "champion")
+    assert champion["reused_from"] == out.run_id, champion["reused_from"]
     references = {g["reference"] for v in second["decision"]["verdicts"] for g in v["gates"]}
-    assert f"champion ({state.stable.release_id})" in references
+    assert f"champion ({state.stable.release_id})" in references, references
     status = json.loads(cli("canary", "status", "--json"))
     commits = {r["role"]: r["commit"] for r in status["releases"]}
-    assert commits == {"stable": state.stable.commit, "canary": new_commit}
-    assert len(vllm_processes(under=home)) == 2
+    assert commits == {"stable": state.stable.commit, "canary": new_commit}, status
+    assert len(vllm_processes(under=home)) == 2, vllm_processes(under=home)
 
     # 95/5 behind the load balancer, then a rollback: the canary gets nothing more.
     assert status["lb_url"] == f"http://127.0.0.1:{router_port}"
     lb_get(status, 100)
     status = json.loads(cli("canary", "status", "--json"))
     served = {r["role"]: r for r in status["releases"]}
-    assert served["canary"]["weight"] == 5 and served["stable"]["weight"] == 95
-    assert 3 <= served["canary"]["requests"] <= 7
-    assert served["stable"]["requests"] + served["canary"]["requests"] == 100
+    assert served["canary"]["weight"] == 5 and served["stable"]["weight"] == 95, served
+    assert 3 <= served["canary"]["requests"] <= 7, served
+    assert served["stable"]["requests"] + served["canary"]["requests"] == 100, served
 
     cli("canary", "rollback")
     lb_get(status, 50)
     status = json.loads(cli("canary", "status", "--json"))
-    assert [r["role"] for r in status["releases"]] == ["stable"]
-    assert json.loads((home / "releases.json").read_text())["canary"] is None
-    assert len(vllm_processes(under=home)) == 1
+    assert [r["role"] for r in status["releases"]] == ["stable"], status
+    assert registry.load().canary is None
+    assert len(vllm_processes(under=home)) == 1, vllm_processes(under=home)
     # HAProxy's own counter for the canary slot did not move after the rollback.
-    assert status["releases"][0]["requests"] == served["stable"]["requests"] + 50
+    assert status["releases"][0]["requests"] == served["stable"]["requests"] + 50, (status, served)
+
+    # The record is PostgreSQL's, and 'history' answers where each release came from.
+    assert not (home / "record.db").exists()
+    lineage = {r["release_id"]: r for r in json.loads(cli("history", "--json"))}
+    first = lineage[state.stable.release_id]
+    assert first["state"] == "stable" and first["upstream_commit"] == state.stable.commit, first
+    assert first["run_id"] and first["decision"] and not first["missing"], first
+    assert not first["from_report"], first  # the record holds it all
+    assert first["scores"] and all(s["eval_set"] for s in first["scores"]), first
+    rolled = [r for r in lineage.values() if r["state"] == "rolled back"]
+    assert [r["upstream_commit"] for r in rolled] == [new_commit], lineage
+    assert any(e["event"] == "rollback" for e in rolled[0]["events"])
 
     cli("down")
     assert vllm_processes(under=home) == []

@@ -146,3 +146,28 @@ def test_modelscope_sdk_downloads_from_the_local_hub(home, hub, tmp_path, tiny_m
 def test_modelscope_unknown_model_is_clear(home, hub):
     with pytest.raises(AcquireError, match="ModelScope could not list"):
         acquire(SourceConfig(hub="modelscope", repo_id="nobody/none", endpoint=hub.url))
+
+
+def test_a_client_that_hangs_up_leaves_no_traceback_on_stderr(tmp_path, capsys):
+    """The hub runs in the CLI's process in tests and the demo: a client resetting its
+    connection mid-request must not print a traceback beside the CLI's one-line errors."""
+    import socket
+    import struct
+    import time
+
+    import requests
+
+    from demo.hub_server import HubServer
+
+    with HubServer(tmp_path) as hub:
+        host, port = hub.url.removeprefix("http://").split(":")
+        for _ in range(3):
+            sock = socket.create_connection((host, int(port)))
+            sock.sendall(b"GET /api/models/a/b HTTP/1.1\r\nHost: x\r\n")  # no blank line
+            # SO_LINGER 0: close sends a reset, as a client library's aborted connection does
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        time.sleep(0.5)
+        answer = requests.get(f"{hub.url}/api/models/nobody/none", timeout=10)
+    assert answer.status_code == 404  # still serving
+    assert capsys.readouterr().err == ""

@@ -209,3 +209,52 @@ def test_a_containers_server_is_reached_from_the_hosts_loopback_only(cpu_image, 
                 container.remove(force=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
+
+
+def test_dockers_restart_policy_restarts_a_serving_release_then_it_is_crash_looping(
+    cpu_image, home, tmp_path
+):
+    """A canary container from our spec whose server dies at once: the daemon restarts it
+    (on-failure, at most the limit), then it is crash-looping for the canary's walk."""
+    from llm_release.registry import Release
+    from llm_release.serving.backends import crash_looping, server_summary
+
+    docker = client()
+    ensure_network(docker)
+    spec = container_spec(
+        image=image.base_tag(),
+        model_dir=tmp_path,
+        served_names=["m", "loop-1"],
+        serving=ServingConfig(backend="docker"),
+        port=free_port(),
+        owner=Owner(role="canary", release_id="loop-1"),
+        gpu_ids=None,
+        gpu_host=False,
+        home=home,
+        host=HostSettings(),
+        restart_limit=2,
+    )
+    spec |= {"entrypoint": ["python3", "-c", "import sys; sys.exit(3)"], "command": []}
+    container = docker.containers.run(**spec)
+    release = Release(
+        release_id="loop-1",
+        candidate="c",
+        scheme="unquantized",
+        repo_id="a/b",
+        commit="0" * 40,
+        model_dir=str(tmp_path),
+        public_name="m",
+        port=1,
+        container=container.id,
+        log_path=str(tmp_path / "canary.log"),
+        serving=ServingConfig(backend="docker"),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while crash_looping(release) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        reason = crash_looping(release)
+        assert reason == "the container exited with code 3 after 2 restarts (limit 2)", reason
+        assert server_summary(release) == {"state": "exited", "restarts": 2}
+    finally:
+        container.remove(force=True)

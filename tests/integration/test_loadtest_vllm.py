@@ -41,7 +41,11 @@ def test_load_levels_are_measured_and_time_limits_reported(tmp_path, tiny_model_
 
     (level,) = cut.levels
     assert level.time_limited and 0 < level.requests < 100_000
-    assert cut.attempts == 1, "a level stopped by its time limit must not be run again"
+    # A level stopped by its time limit is not run again. The one re-run allowed is of a first
+    # run GuideLLM closed early, before its time limit (its race: loadtest.short_levels; seen
+    # on a loaded 2-core machine, 4 of 8 requests recorded at 2.5 s of 3): the re-run that
+    # the time limit stopped is then the last.
+    assert cut.attempts == 1 or (cut.attempts == 2 and level.time_limited), cut
     assert cut.notes == [
         f"concurrency 1: {level.requests} of 100000 requests (stopped by max_seconds_per_level)"
     ]

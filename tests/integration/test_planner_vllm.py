@@ -178,18 +178,28 @@ def smollm2_dir(tmp_path_factory) -> Path:
 CASES = {
     # name: (fixture, max_model_len, vLLM extra args)
     "tiny-llama": ("tiny_model_dir", 1024, []),
-    "smollm2-135m": ("smollm2_dir", 2048, []),
     "mistral-swa-128": ("mistral_swa_dir", 2048, ["--max-num-batched-tokens", "512"]),
-    "gemma3-5to1": ("gemma3_dir", 2048, ["--max-num-batched-tokens", "512"]),
     "qwen3-next-hybrid-gdn": ("qwen3_next_dir", 2048, []),
     "deepseek-v2-mla": ("deepseek_v2_dir", 2048, []),
     # 1000 is no multiple of the 128-token block: each request wastes part of its last block
     "tiny-llama-len-1000": ("tiny_model_dir", 1000, []),
     "tiny-llama-fp8-kv": ("tiny_model_dir", 1024, ["--kv-cache-dtype", "fp8"]),
+    # Two cases repeat what is served above and have their real vLLM logs replayed by
+    # tests/unit/sizing/test_planner.py (full GQA: the tiny model's log; Gemma 3's 5:1 hybrid:
+    # its own log). CI does not serve them (98 and 115 s on 2 cores);
+    # LLM_RELEASE_PLANNER_ALL_CASES=1 does (after a vLLM upgrade, to refresh those logs).
+    "smollm2-135m": ("smollm2_dir", 2048, []),
+    "gemma3-5to1": ("gemma3_dir", 2048, ["--max-num-batched-tokens", "512"]),
 }
+REPLAYED = {"smollm2-135m", "gemma3-5to1"}
+SERVED = [
+    name
+    for name in CASES
+    if name not in REPLAYED or os.environ.get("LLM_RELEASE_PLANNER_ALL_CASES") == "1"
+]
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", SERVED)
 def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
     fixture, max_len, extra = CASES[name]
     model_dir = request.getfixturevalue(fixture)

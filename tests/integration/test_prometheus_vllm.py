@@ -85,11 +85,14 @@ def test_prometheus_scrapes_both_roles_and_haproxy(stack):
     # Every target up before any request, so the counters' rates start from zero.
     up = 'up{service="tiny"} == 1'
     found = wait_for(
-        "3 targets up", lambda: len(prom.query(up)) == 3 and prom.query(up), timeout_s=30
+        "5 targets up", lambda: len(prom.query(up)) == 5 and prom.query(up), timeout_s=30
     )
+    # each release's vLLM and its supervisor (restarts, crash loop), and HAProxy
     assert {(s.labels["job"], s.labels.get("role")) for s in found} == {
         ("vllm", "stable"),
         ("vllm", "canary"),
+        ("supervisor", "stable"),
+        ("supervisor", "canary"),
         ("haproxy", None),
     }
     assert {s.labels.get("release") for s in found} == {
@@ -143,7 +146,7 @@ def finished_on(port: int) -> float:
 
 def test_the_analysis_returns_numbers_for_both_roles(stack):
     state, router, prom = stack
-    wait_for("3 targets up", lambda: len(prom.query('up{service="tiny"} == 1')) == 3)
+    wait_for("5 targets up", lambda: len(prom.query('up{service="tiny"} == 1')) == 5)
     ports = {"stable": state.stable.port, "canary": state.canary.port}
     before = {role: finished_on(port) for role, port in ports.items()}
     time.sleep(prom.scrape_interval_s)  # a scrape of the counts before the requests
@@ -205,7 +208,7 @@ def test_alert_rules_load_and_watch_the_stable_release(stack):
         groups = requests.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
         rules = {r["name"]: r for g in groups for r in g["rules"]}
         return (
-            len(rules) == 6
+            len(rules) == 8  # incl. the supervisors' restart and crash-loop rules
             and all(r["lastEvaluation"][:4] != "0001" for r in rules.values())
             and rules
         )
@@ -238,7 +241,12 @@ def test_targets_follow_a_rollback_and_the_data_outlives_a_restart(stack):
         data = requests.get(f"{prom.url}/api/v1/targets", timeout=5).json()["data"]
         return sorted(t["labels"].get("role", "-") for t in data["activeTargets"])
 
-    wait_for("the canary target gone", lambda: active_roles() == ["-", "stable"], timeout_s=30)
+    # the stable release's vLLM and supervisor, and HAProxy ("-")
+    wait_for(
+        "the canary target gone",
+        lambda: active_roles() == ["-", "stable", "stable"],
+        timeout_s=30,
+    )
 
     # The canary is no longer scraped; its history stays queryable.
     history = 'sum(max_over_time(vllm:request_success_total{service="tiny", role="canary"}[10m]))'

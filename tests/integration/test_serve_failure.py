@@ -57,3 +57,33 @@ def test_a_server_that_dies_after_it_was_ready_is_reported_with_its_own_exit(
     assert "exited with code -9 during evaluation" in message
     assert "ConnectionError" in message, "the client's own error is kept beside the cause"
     assert "--- server log tail ---" in message
+
+
+def test_a_picked_port_taken_before_vllm_binds_it_is_picked_again(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """The port is free when picked and held by another listener when vLLM, ~25 s later,
+    comes to bind it (CI, 2026-12-02): the server comes up on a second pick."""
+    import socket
+
+    import requests
+
+    from llm_release.serving import serve
+    from llm_release.serving.serve import VllmServer
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        picks = iter([taken])
+        real_pick = serve.free_port
+        monkeypatch.setattr(serve, "free_port", lambda **kw: next(picks, None) or real_pick(**kw))
+        serving = ServingConfig(enforce_eager=True, max_model_len=256, max_num_seqs=2)
+        log = tmp_path / "vllm.log"
+        with VllmServer(tiny_model_dir, ["tiny"], serving, log) as server:
+            assert server.port != taken
+            models = requests.get(f"{server.base_url}/v1/models", timeout=10).json()
+            assert [m["id"] for m in models["data"]] == ["tiny"]
+    text = log.read_text()
+    assert f"--port {taken}" in text and "Address already in use" in text, "no first start"
+    assert f"--port {server.port}" in text

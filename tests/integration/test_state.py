@@ -225,8 +225,8 @@ def test_a_restart_from_an_edited_registry_serves_nothing_outside_the_home(home,
     with registry.locked() as state:
         state.stable = release("stable", gone, free_port(), None)  # model_dir /nonexistent
         state.router_port = free_port()
-    before = registry.registry_path().read_bytes()
+    before = registry.load()
     with pytest.raises(StateError, match="model_dir '/nonexistent' is outside"):
         promote.deploy(None, None, public_name="b", canary_weight=5)
-    assert registry.registry_path().read_bytes() == before
+    assert registry.load() == before
     assert not (home / "servers").exists()

@@ -30,6 +30,12 @@ def test_tuner_measures_one_server_per_setting_and_stops_at_the_ceiling(tmp_path
         host=detect(),
         out_dir=tmp_path / "tune",
     )
+    # Each trial's setting, levels and why it lost, should the search not stop at the first.
+    tried = [
+        (t.setting.label(), t.error, t.failures, [lv.model_dump() for lv in t.levels])
+        for t in result.trials
+    ]
+    assert len(result.trials) == 1, tried
     (trial,) = result.trials
     assert trial.error is None, trial.error
     assert [lv.concurrency for lv in trial.levels] == [2]

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from llm_release.canary.analysis import load_queries, promql_string_content, render_query
-from llm_release.canary.prometheus import VLLM_JOB, Prometheus, for_home
+from llm_release.canary.prometheus import SUPERVISOR_JOB, VLLM_JOB, Prometheus, for_home
 from llm_release.config import AnalysisConfig
 from llm_release.errors import AlertRulesError, MetricsError
 from llm_release.fileio import atomic_write_text
@@ -32,6 +32,8 @@ RULES_FILE = "llm-release.yml"
 GROUP = "llm-release-stable"
 # Alertmanager's inhibition names it: the errors and latency a down server causes are its.
 STABLE_DOWN = "LLMReleaseStableDown"
+SERVER_RESTARTED = "LLMReleaseServerRestarted"
+SERVER_CRASH_LOOPING = "LLMReleaseServerCrashLooping"
 
 
 def template_text(value: str) -> str:
@@ -134,8 +136,40 @@ def render_rules(
             f"KV cache {{{{ $value | humanizePercentage }}}} used (ceiling {kv})",
         ),
     ]
+    rules += restart_rules(service, window_s=window_s)
     document = {"groups": [{"name": GROUP, "rules": rules}]}
     return yaml.safe_dump(document, sort_keys=False, width=1_000_000)
+
+
+def restart_rules(service: str, *, window_s: int = 300) -> list[dict]:
+    """A serving release's server restarted, or crash-loops (its supervisor gave up): for
+    either role, the release and role taken from the supervisor's series (no static
+    ``release`` label: it would name the stable release for a canary's restart)."""
+    selector = f'job="{SUPERVISOR_JOB}", service="{promql_string_content(service)}"'
+    labels = {"service": template_text(service)}
+    who = "{{ $labels.role }} release {{ $labels.release }} of " + template_text(service)
+    return [
+        {
+            "alert": SERVER_RESTARTED,
+            "expr": f"max by (release, role) "
+            f"(increase(llm_release_server_restarts_total{{{selector}}}[{_duration(window_s)}]))"
+            " > 0",
+            "labels": {"severity": "warning", **labels},
+            "annotations": {
+                "summary": f"{who}: its server died and was restarted "
+                "({{ $value | humanize }} times in the last window)"
+            },
+        },
+        {
+            "alert": SERVER_CRASH_LOOPING,
+            "expr": f"max by (release, role) (llm_release_server_crash_looping{{{selector}}}) > 0",
+            "labels": {"severity": "critical", **labels},
+            "annotations": {
+                "summary": f"{who}: its server crash-loops and is no longer restarted "
+                "('llm-release up' starts it again; a canary is rolled back)"
+            },
+        },
+    ]
 
 
 def promtool_check(path: Path) -> None:

@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from llm_release.canary import quality
 from llm_release.canary.prometheus import PrometheusClient, for_home
+from llm_release.canary.quality import CHECK_PREFIX, ProbeRun, ProbeSet, SliceScore
 from llm_release.config import AnalysisConfig
 from llm_release.errors import ConfigError
+from llm_release.settings import settings
 
 QUERIES_FILE = Path(__file__).with_name("canary_queries.yaml")
 ROLES = ("stable", "canary")
@@ -100,6 +103,12 @@ class WindowVerdict(BaseModel):
     checks: list[CheckResult]
     verdict: Outcome
     reason: str
+    quality: list[SliceScore] = Field(
+        default_factory=list, description="the quality probes' slices (quality.py)"
+    )
+    probes: ProbeRun | None = Field(
+        None, description="the quality probes sent after the window, answers left out"
+    )
 
 
 @dataclass(frozen=True)
@@ -287,3 +296,91 @@ def unanswered(
         verdict="inconclusive",
         reason=f"no numbers: {why}",
     )
+
+
+def quality_check(score: SliceScore) -> CheckResult:
+    """A slice of the quality probes as one check of the window."""
+    return CheckResult(
+        name=score.slice,
+        canary=score.canary,
+        stable=score.stable,
+        rule=f"canary >= stable - {score.max_drop:g} (paired, interval above 0 to fail)",
+        outcome=score.outcome,
+        reason=score.reason,
+    )
+
+
+def with_quality(
+    verdict: WindowVerdict,
+    scores: list[SliceScore],
+    run: ProbeRun | None,
+    *,
+    why_not: str | None = None,
+) -> WindowVerdict:
+    """The window's verdict with its quality check: a failing slice fails the window as a
+    failing latency check does; a slice without enough answers makes a window that would
+    pass inconclusive. ``scores`` empty: the probes could not run (the check is open)."""
+    checks = [quality_check(s) for s in scores]
+    if not checks:
+        why = f"the quality probes did not run: {why_not or 'no probe set'}"
+        if run is not None and any(run.errors.values()):
+            why += f" ({_first_errors(run)})"
+        checks = [
+            CheckResult(
+                name=CHECK_PREFIX,
+                canary=None,
+                stable=None,
+                rule="every critical slice of the probe set",
+                outcome="inconclusive",
+                reason=why,
+            )
+        ]
+    failed = [c for c in checks if c.outcome == "fail"]
+    open_checks = [c for c in checks if c.outcome == "inconclusive"]
+    outcome, reason = verdict.verdict, verdict.reason
+    if failed:
+        quality = "; ".join(f"{c.name}: {c.reason}" for c in failed)
+        reason = f"{reason}; {quality}" if outcome == "fail" else quality
+        outcome = "fail"
+    elif outcome != "fail" and open_checks:
+        quality = "; ".join(f"{c.name}: {c.reason}" for c in open_checks)
+        reason = f"{reason}; {quality}" if outcome == "inconclusive" else quality
+        outcome = "inconclusive"
+    elif outcome == "pass":
+        reason = f"{reason}; {len(checks)} quality slices passed"
+    stripped = run.model_copy(update={"answers": {}}) if run is not None else None
+    return verdict.model_copy(
+        update={
+            "checks": verdict.checks + checks,
+            "verdict": outcome,
+            "reason": reason,
+            "quality": scores,
+            "probes": stripped,
+        }
+    )
+
+
+def _first_errors(run: ProbeRun) -> str:
+    return "; ".join(f"{role}: {errors[0]}" for role, errors in run.errors.items() if errors)
+
+
+def probe_window(
+    verdict: WindowVerdict,
+    probe_set: ProbeSet | None,
+    route: quality.ProbeRoute | None,
+    *,
+    why_not: str | None = None,
+) -> WindowVerdict:
+    """Send the release's probe set to canary and stable (after the window: its numbers
+    hold no probe) and add the quality check to ``verdict``. No probe set or no route: the
+    check is inconclusive, with ``why_not``."""
+    if probe_set is None or route is None:
+        return with_quality(verdict, [], None, why_not=why_not)
+    found = settings()
+    run = quality.send_probes(
+        probe_set,
+        route,
+        concurrency=found.quality_probe_concurrency,
+        timeout_s=found.quality_probe_timeout_s,
+    )
+    return with_quality(verdict, quality.judge(probe_set, run, found.quality_probe_min_items), run)

@@ -50,6 +50,8 @@ RETENTION = ("30d", "2GB")
 VLLM_JOB = "vllm"
 ALERTMANAGER_FILE = "alertmanager.json"
 HAPROXY_JOB = "haproxy"
+# The supervisors of the process backend's serving releases (restarts, crash loop).
+SUPERVISOR_JOB = "supervisor"
 
 
 def default_port() -> int:
@@ -101,6 +103,10 @@ def render_config(directory: Path, scrape_interval_s: float = SCRAPE_INTERVAL_S)
                     }
                 ],
             },
+            {
+                "job_name": SUPERVISOR_JOB,
+                "file_sd_configs": [{"files": [str(directory / "targets" / "supervisor.json")]}],
+            },
         ],
     }
     return yaml.safe_dump(config, sort_keys=False)
@@ -131,6 +137,19 @@ def render_targets(
             {"targets": [f"127.0.0.1:{int(haproxy_metrics_port)}"], "labels": {"service": service}}
         )
     return vllm, haproxy
+
+
+def render_supervisor_targets(state: RegistryState) -> list[dict]:
+    """file_sd entries for the supervisors of the registry's releases (process backend)."""
+    service = service_name(state)
+    return [
+        {
+            "targets": [f"127.0.0.1:{int(release.supervisor_port)}"],
+            "labels": {"service": service, "release": release.release_id, "role": role},
+        }
+        for role, release in (("stable", state.stable), ("canary", state.canary))
+        if release is not None and release.supervisor_port is not None
+    ]
 
 
 def scraped_values(text: str, names: Collection[str]) -> list[float]:
@@ -329,6 +348,10 @@ class Prometheus(Daemon):
         # Atomic: Prometheus never reads half a file (it would drop every target of it).
         atomic_write_text(self.targets_dir / "vllm.json", json.dumps(vllm, indent=2) + "\n")
         atomic_write_text(self.targets_dir / "haproxy.json", json.dumps(haproxy, indent=2) + "\n")
+        supervisors = render_supervisor_targets(state)
+        atomic_write_text(
+            self.targets_dir / "supervisor.json", json.dumps(supervisors, indent=2) + "\n"
+        )
 
     def write_alertmanagers(self, addresses: list[str]) -> None:
         """The Alertmanagers (host:port) that firing alerts are sent to."""

@@ -63,6 +63,7 @@ def _server_identity(endpoint: Endpoint) -> dict:
         "pid": endpoint.pid,
         "pid_started": processes.start_time(endpoint.pid) if endpoint.pid else None,
         "container": endpoint.container,
+        "supervisor_port": endpoint.supervisor_port,
     }
 
 
@@ -101,16 +102,17 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
     )
 
 
-def _restart(release: Release) -> Release:
-    # The registry is a file anyone with access to the home can edit: a restart serves a
-    # model and writes a log only under the home, where the pipeline put them.
+def _restart(release: Release, role: str = "stable") -> Release:
+    # The registry is a record anyone with access to its database can edit: a restart
+    # serves a model and writes a log only under the home, where the pipeline put them.
     home = paths.home()
     for what, value in (("model_dir", release.model_dir), ("log_path", release.log_path)):
         if not safety.within(home, value):
             raise StateError(
-                f"{registry.registry_path()}: stable release {what} {value!r} is outside {home}",
-                hint="the registry was edited or comes from another home; restore it, or move "
-                "it aside to release from scratch",
+                f"the release registry's {role} release {what} {value!r} is outside {home}",
+                hint="the record was edited, or its database is another project home's: "
+                "restore the record from a backup, or point LLM_RELEASE_DATABASE_URL at this "
+                "home's own record",
             )
     endpoint = start_detached(
         Path(release.model_dir),
@@ -118,7 +120,7 @@ def _restart(release: Release) -> Release:
         release.serving,
         Path(release.log_path),
         port=free_port(),
-        owner=Owner(role="stable", release_id=release.release_id, candidate=release.candidate),
+        owner=Owner(role=role, release_id=release.release_id, candidate=release.candidate),
     )
     return release.model_copy(update=_server_identity(endpoint))
 
@@ -183,6 +185,7 @@ def deploy(
                 started.append(state.stable)
                 state.log("stable", release=state.stable.release_id)
             elif not release_alive(state.stable):
+                stop_release(state.stable)  # a supervisor that gave up on it, if any
                 state.stable = _restart(state.stable)
                 started.append(state.stable)
             if canary_target is not None:
@@ -438,6 +441,8 @@ def status() -> dict:
                 "commit": release.commit,
                 "backend_url": f"http://127.0.0.1:{release.port}",
                 "process_alive": release_alive(release),
+                # Restarts of its server (its supervisor's, or Docker's count) and state.
+                "server": backends.server_summary(release),
                 "weight": int(row["weight"]) if row.get("weight") else None,
                 "requests": int(row["stot"]) if row.get("stot") else 0,
                 "health": row.get("status"),
@@ -492,6 +497,12 @@ def down(problems: list[str] | None = None) -> list[str]:
     # Its notification log stays too: a restarted Alertmanager does not page again.
     if alertmanager.for_home().stop():
         stopped.append("Alertmanager")
+    # Every process group the project's servers started, by the mark in their environment:
+    # supervisors first (they restart nothing more), then the rest, orphans included (a
+    # vLLM engine core whose API server died).
+    for group in processes.marked_groups(paths.home()):
+        if stop_process_group(group, grace_s=10):
+            stopped.append(f"server process group {group}")
     for pid in processes.under_home(paths.home()):
         if stop_process_group(pid, grace_s=10):
             stopped.append(f"unrecorded server (pid {pid})")
@@ -502,3 +513,39 @@ def down(problems: list[str] | None = None) -> list[str]:
             raise error
         problems.append(error.one_line())
     return stopped
+
+
+def crash_looping(release: Release) -> str | None:
+    """Why ``release``'s server is crash-looping (no longer restarted), or None: the
+    canary's walk rolls a crash-looping canary back."""
+    return backends.crash_looping(release)
+
+
+def up() -> tuple[RegistryState, list[str]]:
+    """Bring every release in the record back (after a reboot, or a 'down'): each server
+    not alive is started again on the record's model and settings, healthy before the
+    router points at it; the canary keeps its weight. Returns the state and what started."""
+    with registry.locked() as state:
+        if state.stable is None and state.canary is None:
+            raise StateError(
+                "the release record has no release to bring back",
+                hint="run a release first ('make demo' or the release flow)",
+            )
+        state.router_port = state.router_port or default_router_port()
+        started: list[Release] = []
+        try:
+            for role in ("stable", "canary"):
+                release = getattr(state, role)
+                if release is None or release_alive(release):
+                    continue
+                stop_release(release)  # what is left: a supervisor that gave up, a container
+                release = _restart(release, role)
+                started.append(release)
+                setattr(state, role, release)
+                state.log("up", role=role, release=release.release_id)
+            _apply(router_for(state), state)
+        except BaseException:
+            for release in started:  # the record keeps what it had: nothing unrecorded runs
+                stop_release(release)
+            raise
+        return state, [f"{r.release_id} (port {r.port})" for r in started]

@@ -26,6 +26,7 @@ from llm_release.canary.analysis import WindowVerdict
 from llm_release.canary.prometheus import SCRAPE_INTERVAL_S
 from llm_release.config import RolloutConfig
 from llm_release.load.traffic import TrafficReport
+from llm_release.record import store, walks
 from llm_release.registry import RolloutStatus
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,10 @@ class RolloutOutcome(BaseModel):
 class RolloutActions(Protocol):
     def still_canary(self) -> bool:
         """The release is still the live canary (nobody promoted or rolled it back by hand)."""
+
+    def crash_looping(self) -> str | None:
+        """Why the canary's server crash-loops (no longer restarted); None while it serves
+        or is being restarted. A crash-looping canary is rolled back at once."""
 
     def set_weight(self, weight: int) -> None: ...
 
@@ -128,6 +133,9 @@ def walk(
         while passed < config.windows_per_step:
             if not actions.still_canary():
                 return done("overridden", "the canary was promoted or rolled back by hand")
+            looping = actions.crash_looping()
+            if looping is not None:
+                return roll_back(f"the canary's server is crash-looping at {weight}%: {looping}")
             if not windows and config.warmup_s:
                 # The first window of a walk judges a warm server: measured in the demo, a
                 # canary's first 90 s at 25% (36 requests, bf16 on a 2-core CPU) had a
@@ -137,6 +145,9 @@ def walk(
             index += 1
             verdict = actions.analyze(weight, index)
             windows.append(WindowRecord(weight=weight, index=index, verdict=verdict))
+            looping = actions.crash_looping()
+            if looping is not None:
+                return roll_back(f"the canary's server is crash-looping at {weight}%: {looping}")
             log.info(
                 "canary at %d%%, window %d: %s (%s)", weight, index, verdict.verdict, verdict.reason
             )
@@ -167,9 +178,10 @@ def walk(
     raise AssertionError("rollout steps did not end at 100")
 
 
-def longest_rollout_s(config: RolloutConfig) -> float:
-    """An upper bound of the walk's analysis time (without waiting for a person)."""
-    per_window = config.analysis.window_s + settle_s(config)
+def longest_rollout_s(config: RolloutConfig, probe_s: float = 0.0) -> float:
+    """An upper bound of the walk's analysis time (without waiting for a person);
+    ``probe_s``: what the quality probes after each window may take."""
+    per_window = config.analysis.window_s + settle_s(config) + probe_s
     steps = [w for w in config.steps if w < 100]
     windows = len(steps) * (config.windows_per_step + config.inconclusive_limit)
     return per_window * (windows + config.failure_limit) + config.warmup_s + 60
@@ -237,7 +249,10 @@ def record(
     last: WindowRecord | None = None,
     reason: str | None = None,
 ) -> None:
-    """Write where the walk stands into the registry (the CLI's status reads it there)."""
+    """Write where the walk stands into the registry (the CLI's status reads it there), and
+    in the same transaction the record's rows of the walk (``record/walks.py``): the step at
+    ``weight`` (entered now if new), the window ``last`` in its step, and the walk's end
+    (promoted, rolled back, held, overridden) as its step's outcome."""
     last_window = None
     if last is not None:
         last_window = {
@@ -247,7 +262,7 @@ def record(
             "reason": last.verdict.reason,
             "ended_at": last.verdict.ended_at,
         }
-    with registry.locked() as current:
+    with registry.locked_session() as (current, session):
         previous = current.rollout
         if last_window is None and previous is not None and previous.release_id == release_id:
             last_window = previous.last_window
@@ -259,3 +274,65 @@ def record(
             last_window=last_window,
             reason=reason,
         )
+        walks.write_walk(
+            session,
+            current.rollout.model_dump(mode="json"),
+            last.model_dump(mode="json") if last is not None else None,
+        )
+
+
+def record_answer(release_id: str, question: Question, weight: int, answer: Answer) -> None:
+    """A rollout question answered, as an ``approval`` event of the registry's history:
+    who answered (a person, the config, the timeout), yes or no, and the note."""
+    with registry.locked() as current:
+        current.log(
+            "approval",
+            release=release_id,
+            question=question,
+            weight=weight,
+            approve=answer.approve,
+            by=answer.by,
+            note=answer.note,
+        )
+
+
+class RecordedStep(BaseModel):
+    """A step of a walk as the record keeps it."""
+
+    weight: int
+    entered_at: str
+    outcome: str | None = Field(
+        None, description="cleared (the walk went on), or the walk's end; None: still open"
+    )
+    windows: list[WindowRecord] = Field(default_factory=list)
+
+
+class RecordedWalk(BaseModel):
+    """A release's walk from the record: its last status and its steps, each window whole;
+    ``answers``: the rollout questions' answers (the history's ``approval`` events)."""
+
+    state: str
+    reason: str | None = None
+    steps: list[RecordedStep] = Field(default_factory=list)
+    answers: list[Answer] = Field(default_factory=list)
+
+    @property
+    def windows(self) -> list[WindowRecord]:
+        return [w for step in self.steps for w in step.windows]
+
+
+def recorded_walk(release_id: str, history: list[dict]) -> RecordedWalk | None:
+    """``release_id``'s walk as the record keeps it (None: no walk recorded), its answers
+    read from ``history`` (the registry's events)."""
+    if store.missing():
+        return None
+    with store.transaction(write=False) as session:
+        raw = walks.read_walk(session, release_id)
+    if raw is None:
+        return None
+    answers = [
+        Answer(approve=bool(e.get("approve")), note=str(e.get("note", "")), by=e.get("by"))
+        for e in history
+        if e.get("event") == "approval" and e.get("release") == release_id
+    ]
+    return RecordedWalk.model_validate(raw | {"answers": answers})

@@ -35,6 +35,13 @@ from llm_release.settings import settings
 
 BACKEND = "releases"
 SLOTS = ("stable", "canary")
+# The canary's quality probes (quality.py): a request with this header names the slot that
+# must answer it. Only the project's own key may pin; pinned requests go to a backend of
+# their own, so HAProxy counts them apart from user traffic (proxy="probes"), and the
+# answer names the slot that gave it.
+PIN_HEADER = "X-LLM-Release-Pin"
+ANSWERED_BY_HEADER = "X-LLM-Release-Answered-By"
+PROBE_BACKEND = "probes"
 # HAProxy needs an address for a slot that points nowhere yet; weight 0 + maint keeps it idle.
 PARKED_ADDR = ("127.0.0.1", 9)
 # HAProxy's own Prometheus exporter listens here (loopback only); unset: a free port, recorded
@@ -54,6 +61,11 @@ UNAUTHORIZED = (
     '"type":"invalid_request_error","code":"invalid_api_key"}}'
 )
 CHALLENGE = 'Bearer realm="llm-release"'
+PIN_REFUSED = (
+    '{"error":{"message":"only the canary probes of llm-release may send '
+    + PIN_HEADER
+    + '","type":"invalid_request_error","code":"pin_not_allowed"}}'
+)
 
 
 @dataclass(frozen=True)
@@ -118,6 +130,12 @@ def render_config(
         "    http-request deny status 401 content-type application/json "
         f"string '{UNAUTHORIZED}' hdr WWW-Authenticate '{CHALLENGE}' "
         "unless operator_key || project_key on_loopback",
+        # Pinning a slot (the quality probes) is the project's alone: an operator's client
+        # that sends the header is refused, not silently pinned or load-balanced.
+        f"    acl pinned req.hdr({PIN_HEADER}) -m found",
+        "    http-request deny status 403 content-type application/json "
+        f"string '{PIN_REFUSED}' if pinned !project_key",
+        f"    use_backend {PROBE_BACKEND} if pinned project_key on_loopback",
         f"    default_backend {BACKEND}",
         "",
         f"backend {BACKEND}",
@@ -159,6 +177,7 @@ def render_config(
             lines.append(
                 f"    server {name} {target.host}:{target.port} weight {target.weight} {CHECKS}"
             )
+    lines += probe_backend(stable, canary)
     if metrics_port is not None:
         # Per-server counters (responses by class, connection and response errors) for
         # Prometheus; a frontend of its own so no client of the service can read them.
@@ -171,6 +190,29 @@ def render_config(
             "    http-request deny",
         ]
     return "\n".join(lines) + "\n"
+
+
+def probe_backend(stable: SlotTarget | None, canary: SlotTarget | None) -> list[str]:
+    """The backend of pinned requests: the same two servers, weight 0 so that load
+    balancing never picks one; only ``use-server`` does. A pin to a parked or dead slot is
+    answered 503 by HAProxy, never by the other slot; no retries, no redispatch."""
+    lines = [
+        "",
+        f"backend {PROBE_BACKEND}",
+        "    option http-server-close",
+        f"    http-request deny status 400 unless {{ req.hdr({PIN_HEADER}) -m str {' '.join(SLOTS)} }}",
+    ]
+    lines += [
+        f"    use-server {slot} if {{ req.hdr({PIN_HEADER}) -m str {slot} }}" for slot in SLOTS
+    ]
+    lines.append(f"    http-response set-header {ANSWERED_BY_HEADER} %[srv_name]")
+    for name, target in (("stable", stable), ("canary", canary)):
+        if target is None:
+            host, port = PARKED_ADDR
+            lines.append(f"    server {name} {host}:{port} weight 0 disabled")
+        else:
+            lines.append(f"    server {name} {target.host}:{target.port} weight 0")
+    return lines
 
 
 class Router:
@@ -325,10 +367,14 @@ class Router:
         if slot not in SLOTS:
             raise RouterError(f"unknown slot {slot!r}; valid: {', '.join(SLOTS)}")
         server = f"{BACKEND}/{slot}"
+        probe_server = f"{PROBE_BACKEND}/{slot}"
         if target is None:
             self.command(f"set server {server} weight 0")
             self.command(f"set server {server} state maint")
+            self.command(f"set server {probe_server} state maint")
             return
+        self.command(f"set server {probe_server} addr {target.host} port {target.port}")
+        self.command(f"set server {probe_server} state ready")
         self.command(f"set server {server} addr {target.host} port {target.port}")
         self.command(f"set server {server} check-port {target.port}")
         self.command(f"set server {server} weight {target.weight}")

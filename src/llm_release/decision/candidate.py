@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,11 +11,12 @@ from pathlib import Path
 
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
 from llm_release.evaluation.evaluate import run_evaluation
+from llm_release.fileio import atomic_write_text
 from llm_release.hardware import detect
 from llm_release.load.loadtest import run_load_test
 from llm_release.quantization.quantize import dir_size
-from llm_release.results import CandidateResult, Slo
-from llm_release.serving import reasoning
+from llm_release.results import CANDIDATE_RESULT, CandidateResult, Slo
+from llm_release.serving import gpus, placement, reasoning
 from llm_release.serving.capacity import kv_check
 from llm_release.serving.factory import make_server
 from llm_release.serving.serve import Owner, Server
@@ -62,6 +64,7 @@ def measure(
     try:
         with server:
             seconds["serve_start"] = time.monotonic() - started
+            result.gpus = list(server.gpus)
             log.info("%s: healthy at %s after %.0fs", name, server.base_url, seconds["serve_start"])
             result.kv_check = kv_check(model_dir, server.serving, detect(), server.log_text())
             if result.kv_check:
@@ -96,6 +99,9 @@ def measure(
                     out_dir / "load",
                     request_body=request_body,
                     slo=slo,
+                    cpus=placement.client_cpus(
+                        server.gpus, gpus.host_gpus(), sorted(os.sched_getaffinity(0))
+                    ),
                 )
                 seconds["loadtest"] = time.monotonic() - mark
             log.info("%s: load-tested in %.0fs", name, seconds["loadtest"])
@@ -106,6 +112,8 @@ def measure(
         log.error("%s failed: %s", name, exc)
         result.error = f"{type(exc).__name__}: {exc}"
     result.stage_seconds = {k: round(v, 2) for k, v in seconds.items()}
+    # The measurement beside its samples: what publishing the winner reads for its card.
+    atomic_write_text(out_dir / CANDIDATE_RESULT, result.model_dump_json(indent=2) + "\n")
     return result
 
 

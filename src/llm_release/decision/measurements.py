@@ -6,6 +6,10 @@ decoding parameters, the evaluation and load settings, the serving settings, the
 and runtime versions, and the host. The fingerprint hashes all of these; the store keeps
 every measured result under its fingerprint, so the release serving users (the champion)
 is measured again only when one of them changed.
+
+The store is the release record's ``measurements`` table (``llm_release.record``), one row
+per fingerprint; the old ``measurements/*.json`` files are imported once
+(``record/legacy.py``).
 """
 
 from __future__ import annotations
@@ -16,13 +20,16 @@ from importlib.metadata import version
 from pathlib import Path
 
 from pydantic import BaseModel
+from sqlalchemy import select
 
 from llm_release import paths
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
 from llm_release.evaluation.evalsets import load_eval_set
 from llm_release.evaluation.evaluate import load_decoding
-from llm_release.fileio import atomic_write_json, sha256_file
+from llm_release.fileio import sha256_file
 from llm_release.quantization.quantize import _model_fingerprint
+from llm_release.record import store
+from llm_release.record.schema import MeasurementRow
 from llm_release.results import CandidateResult
 from llm_release.serving.probe import HostSupport
 
@@ -81,26 +88,64 @@ def fingerprint(
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _path(fp: str) -> Path:
-    return paths.home() / "measurements" / f"{fp[:32]}.json"
+def _old_folder() -> Path:
+    """Where the measurements were files before the record (imported once)."""
+    return paths.home() / "measurements"
 
 
 def save(result: CandidateResult, run_id: str) -> None:
     """Keep a complete measurement for later runs (a failed one is never reused)."""
     if result.status != "measured" or not result.fingerprint or result.reused_from:
         return
-    atomic_write_json(
-        _path(result.fingerprint), {"run_id": run_id, "result": result.model_dump(mode="json")}
-    )
+    # Measured again under the same fingerprint: the newest stands.
+    with store.transaction() as session:
+        store.upsert(
+            session,
+            MeasurementRow,
+            {
+                "fingerprint": result.fingerprint,
+                "run_id": run_id,
+                "name": result.name,
+                "scheme": result.scheme,
+                "role": result.role,
+                "result": result.model_dump(mode="json"),
+            },
+        )
 
 
 def find(fp: str) -> tuple[CandidateResult, str] | None:
     """A stored measurement with this exact fingerprint, and the run that made it."""
+    if store.missing() and not _old_folder().exists():
+        return None  # nothing recorded, nothing to import: no record made
+    with store.transaction(write=False) as session:
+        row = session.get(MeasurementRow, fp)
+        if row is None:
+            return None
+        stored, run_id = row.result, row.run_id
     try:
-        stored = json.loads(_path(fp).read_text())
-        result = CandidateResult.model_validate(stored["result"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # absent or unreadable: measure again rather than trust it
+        result = CandidateResult.model_validate(stored)
+    except (ValueError, TypeError):
+        return None  # unreadable: measure again rather than trust it
     if result.fingerprint != fp:
         return None
-    return result, str(stored.get("run_id"))
+    return result, str(run_id)
+
+
+def of_run(run_id: str, name: str) -> CandidateResult | None:
+    """The measurement run ``run_id`` made of candidate ``name`` (None: none recorded, or
+    measured again under the same fingerprint by a later run, whose it is now)."""
+    if store.missing():
+        return None
+    with store.transaction(write=False) as session:
+        row = session.scalars(
+            select(MeasurementRow)
+            .where(MeasurementRow.run_id == run_id, MeasurementRow.name == name)
+            .order_by(MeasurementRow.fingerprint)
+        ).first()
+        if row is None:
+            return None
+        stored = row.result
+    try:
+        return CandidateResult.model_validate(stored)
+    except (ValueError, TypeError):
+        return None

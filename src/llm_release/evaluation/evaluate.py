@@ -6,6 +6,7 @@ import ast
 import json
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +28,11 @@ from llm_release.fileio import atomic_write_text
 from llm_release.results import EvalResult, ItemResult, MetricScore
 
 log = logging.getLogger(__name__)
+
+# One lm-eval run at a time in a process: simple_evaluate seeds process-wide RNGs and
+# ``_offline`` sets process-wide variables, so candidates measured side by side (threads of
+# one flow) take turns here; their servers, and their load tests, still run at once.
+_HARNESS = threading.Lock()
 
 
 @contextmanager
@@ -138,6 +144,9 @@ def run_evaluation(
     for eval_set in sets:
         load_items(eval_set)
     tasks = [task_config(s, decoding, request_body) for s in sets]
+    if not _HARNESS.acquire(blocking=False):
+        log.info("%s: waiting for another candidate's evaluation to finish", served_name)
+        _HARNESS.acquire()
     try:
         with _offline():
             from lm_eval import simple_evaluate
@@ -163,6 +172,8 @@ def run_evaluation(
             f"lm-evaluation-harness failed against {base_url}: {type(exc).__name__}: {exc}",
             hint="check that the endpoint answers /v1/chat/completions and the eval set loads",
         ) from exc
+    finally:
+        _HARNESS.release()
     results = []
     out_dir.mkdir(parents=True, exist_ok=True)
     for eval_set in sets:

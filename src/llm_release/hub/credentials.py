@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, SecretStr
 
 from llm_release.errors import ConfigError
-from llm_release.settings import env_name, settings
+from llm_release.settings import NVLINK_MULTICAST_OFF, env_name, settings
 
 HF_DEFAULT_ENDPOINT = "https://huggingface.co"
 # Operator settings (trusted): where the environment's Hugging Face token may also go, and
@@ -97,9 +97,10 @@ def is_secret(name: str) -> bool:
 
 
 def child_env(**overrides: str) -> dict[str, str]:
-    """This process's environment without secrets, plus ``overrides``: for every child
-    process that does not log in to a hub."""
+    """This process's environment without secrets, with NVLink multicast off, plus
+    ``overrides``: for every child process that does not log in to a hub."""
     env = {k: v for k, v in os.environ.items() if not is_secret(k)}
+    env.update(NVLINK_MULTICAST_OFF)
     env.update(overrides)
     return env
 

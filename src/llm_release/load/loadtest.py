@@ -127,6 +127,22 @@ def build_command(
     ]
 
 
+# Sets the CPU affinity, then becomes the command (exec: same pid, affinity inherited by
+# GuideLLM's worker processes). No preexec_fn: measurements run in threads side by side.
+_PIN = (
+    "import os, sys; "
+    "os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(',')]); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def pinned(command: list[str], cpus: list[int] | None) -> list[str]:
+    """``command`` run on ``cpus`` only (None: where the scheduler puts it)."""
+    if not cpus:
+        return command
+    return [sys.executable, "-c", _PIN, ",".join(str(c) for c in cpus), *command]
+
+
 def _optional(value) -> float | None:
     return None if value is None else float(value)
 
@@ -228,9 +244,13 @@ def _run_guidellm(
     request_body: dict | None = None,
     *,
     slo: Slo | None = None,
+    cpus: list[int] | None = None,
 ) -> list[LoadLevel]:
-    cmd = build_command(
-        base_url, served_name, tokenizer_dir, profile, report_path, request_body, slo=slo
+    cmd = pinned(
+        build_command(
+            base_url, served_name, tokenizer_dir, profile, report_path, request_body, slo=slo
+        ),
+        cpus,
     )
     env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
     budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
@@ -271,11 +291,13 @@ def run_load_test(
     request_body: dict | None = None,
     *,
     slo: Slo | None = None,
+    cpus: list[int] | None = None,
 ) -> LoadResult:
     """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
     times in all, and the fullest measurement of each level is kept. ``request_body``:
     fields every request carries (``reasoning.request_body``: the thinking switch). With
-    ``slo``, GuideLLM also reports each level's SLO attainment and request goodput."""
+    ``slo``, GuideLLM also reports each level's SLO attainment and request goodput.
+    ``cpus``: the CPUs GuideLLM runs on (``placement.client_cpus``; None: anywhere)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     measured: dict[int, LoadLevel] = {}
     pending = list(profile.concurrencies)
@@ -293,6 +315,7 @@ def run_load_test(
             out_dir / f"guidellm{suffix}.log",
             request_body=request_body,
             slo=slo,
+            cpus=cpus,
         ):
             kept = measured.get(level.concurrency)
             if kept is None or level.requests > kept.requests:

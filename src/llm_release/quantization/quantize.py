@@ -23,6 +23,7 @@ from llm_release.errors import ConfigError, QuantizeError
 from llm_release.fileio import atomic_write_json, sha256_file
 from llm_release.hub import disk
 from llm_release.quantization import recipes
+from llm_release.settings import nvlink_multicast_off_here
 
 RECORD = "llm-release-quantization.json"
 
@@ -261,6 +262,8 @@ def quantize(
             record.get("path", IN_MEMORY),
         )
 
+    # Quantizing runs in this process: NVLink multicast off before torch touches a GPU.
+    nvlink_multicast_off_here()
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -284,6 +287,10 @@ def quantize(
         {
             "candidate": candidate.model_dump(),
             "cache_key": key,
+            # The calibration text's fingerprint, for the lineage of a published winner.
+            "calibration_sha256": sha256_file(calibration_path(candidate.calibration_set))
+            if candidate.scheme == "W4A16_AWQ"
+            else None,
             "source_model": str(model_dir),
             "source_bytes": size,
             "device": device,

@@ -162,6 +162,7 @@ def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
 
 def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[dict]:
     verdicts = {v.name: v for v in decision.verdicts}
+    on_gpus = any(r.gpus for r in results)  # which GPUs each used, on a GPU host only
     rows = []
     for r in results:
         verdict = verdicts.get(r.name)
@@ -192,6 +193,7 @@ def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[d
                 "scheme": r.scheme,
                 "size_MB": round(r.size_bytes / 1e6, 1) if r.size_bytes else None,
                 "status": r.status + (" (reused)" if r.reused_from else ""),
+                **({"gpus": ",".join(map(str, r.gpus)) or None} if on_gpus else {}),
                 **{k: round(v, 4) for k, v in scores.items()},
                 "goodput_streams": verdict.goodput.concurrency
                 if verdict and verdict.goodput

@@ -34,13 +34,24 @@ def _gpu_memory_gib() -> float:
     return gpu_memory_gib() or ASSUMED_GPU_MEMORY_GIB
 
 
+TP_SIZES = (1, 2, 4, 8)
+
+
+def tp_sizes(host: Hardware) -> list[int]:
+    """The tensor-parallel sizes 'auto' chooses from: powers of two up to the host's GPUs."""
+    return [n for n in TP_SIZES if n <= max(1, len(host.gpus))]
+
+
 def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.PlanRequest:
+    auto = serving.tensor_parallel_size == "auto"
     request = planner.request_for_serving(
-        serving,
+        serving.model_copy(update={"tensor_parallel_size": 1}) if auto else serving,
         device="gpu" if host.cuda else "cpu",
         gpu_memory_gib=_gpu_memory_gib() if host.cuda else 80.0,
         dtype=dtype,
     )
+    if auto:
+        request = request.model_copy(update={"gpu_counts": tp_sizes(host)})
     # what earlier starts of this vLLM version taught about its non-KV memory
     return corrections.apply(request, corrections.runtime_vllm_version())
 
@@ -65,6 +76,16 @@ def plan_release(
     # A W4A16 group size that does not divide a layer fails here, before the download.
     recipes.check_candidates(config.candidates, files.config)
     return result
+
+
+def as_planned(config: ReleaseConfig, plan: planner.CapacityPlan) -> ReleaseConfig:
+    """The release's settings with what the plan decided: tensor_parallel_size 'auto' becomes
+    the smallest size that fits (an explicit size is kept as it was)."""
+    if config.serving.tensor_parallel_size != "auto":
+        return config
+    tp = plan.recommendation.tensor_parallel_size if plan.recommendation else 1
+    serving = config.serving.model_copy(update={"tensor_parallel_size": tp})
+    return config.model_copy(update={"serving": serving})
 
 
 def read_release_model(

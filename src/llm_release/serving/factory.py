@@ -12,6 +12,7 @@ from pathlib import Path
 from llm_release.config import ServingConfig
 from llm_release.serving.backends.docker import DockerServer
 from llm_release.serving.serve import Endpoint, Owner, Server, VllmServer
+from llm_release.serving.supervise import SupervisedServer
 
 
 def backend_class(serving: ServingConfig) -> type[Server]:
@@ -42,11 +43,13 @@ def start_detached(
     port: int | None = None,
     owner: Owner | None = None,
 ) -> Endpoint:
-    """Start a server that outlives this process (stable/canary behind the router)."""
-    server = make_server(model_dir, served_names, serving, log_path, port=port, owner=owner)
-    server.start()
-    try:
-        return server.wait_healthy()
-    except BaseException:
-        server.stop()
-        raise
+    """Start a server that outlives this process (stable/canary behind the router). The
+    process backend's runs under a supervisor that restarts it when it dies (the docker
+    backend's container has a restart policy)."""
+    if serving.backend == "docker":
+        server = make_server(model_dir, served_names, serving, log_path, port=port, owner=owner)
+    else:
+        server = SupervisedServer(
+            model_dir, served_names, serving, log_path, port=port, owner=owner
+        )
+    return server.start_healthy()

@@ -1,6 +1,10 @@
 """Which GPUs each running server of the project holds, so that no two servers share one.
 
-A JSON ledger under the project home, changed under an exclusive file lock. A server
+The ledger is the record's ``gpu_claims`` table (``llm_release.record``: SQLite under the
+project home, or PostgreSQL shared by several workers), changed in one transaction that
+locks it first (``store.lock_gpu_claims``), so two servers starting at once take turns
+and the second sees the first's GPUs taken. The old ``gpus.json`` is imported once, at the
+record's first start on this home (``record/legacy.py``). A server
 claims its GPUs before it starts (holder: its name; identity: the claiming pipeline
 process until the server's own pid or container is bound to the claim) and gives them
 back when it stops. A claim whose holder no longer runs — a killed pipeline, a server
@@ -18,12 +22,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import select
 
 from llm_release import paths
 from llm_release.config import ServingConfig
 from llm_release.errors import ServeError
-from llm_release.fileio import locked_json
+from llm_release.record import store
+from llm_release.record.schema import GpuClaimRow
 from llm_release.serving import processes
 from llm_release.serving.backends.docker_client import container_running
 
@@ -52,6 +58,8 @@ class Ledger(BaseModel):
 
 
 def ledger_path() -> Path:
+    """The ledger's old JSON file: imported into the record once (its first start on this
+    home), then left as it was."""
     return paths.home() / "gpus.json"
 
 
@@ -112,21 +120,43 @@ def choose(
     return free[:count]
 
 
+def _claims(rows: list[GpuClaimRow]) -> list[Claim]:
+    claims = []
+    for row in rows:
+        try:
+            claims.append(Claim.model_validate({f: getattr(row, f) for f in Claim.model_fields}))
+        except ValidationError:
+            # The ledger only prevents collisions between live servers: a claim that does
+            # not read is dropped rather than blocking every start.
+            log.warning("GPU claim %r in the record does not read; it is dropped", row.holder)
+    return claims
+
+
 @contextlib.contextmanager
 def _locked() -> Iterator[Ledger]:
-    path = ledger_path()
-
-    def load() -> Ledger:
-        try:
-            return Ledger.model_validate_json(path.read_bytes()) if path.exists() else Ledger()
-        except ValueError:
-            # The ledger only prevents collisions between live servers: a corrupt one is
-            # rebuilt from nothing rather than blocking every start.
-            log.warning("%s is corrupt; starting a new GPU ledger", path)
-            return Ledger()
-
-    with locked_json(path, load) as ledger:
+    """The ledger, locked to the end of the block (claimers take turns); written back on a
+    clean exit, left as it was when the block raises."""
+    with store.transaction() as session:
+        rows = store.lock_gpu_claims(session)
+        ledger = Ledger(claims=_claims(rows))
         yield ledger
+        kept = {c.holder: c for c in ledger.claims}
+        for row in rows:
+            if row.holder not in kept:
+                session.delete(row)
+        session.flush()
+        for c in kept.values():
+            session.merge(GpuClaimRow(**c.model_dump()))
+        session.flush()
+
+
+def ledger() -> Ledger:
+    """Every claim as last committed (a read: it waits for no claimer)."""
+    if store.missing() and not ledger_path().exists():
+        return Ledger()  # nothing recorded, nothing to import: no record made
+    with store.transaction(write=False) as session:
+        rows = session.execute(select(GpuClaimRow).order_by(GpuClaimRow.holder)).scalars()
+        return Ledger(claims=_claims(list(rows)))
 
 
 def claim_alive(claim: Claim) -> bool:
@@ -151,7 +181,7 @@ def claim(
         return []
     with _locked() as ledger:
         ledger.claims = [c for c in ledger.claims if c.holder != holder and alive(c)]
-        chosen = choose(serving.gpus, serving.tensor_parallel_size, host, ledger.held())
+        chosen = choose(serving.gpus, serving.tp_size, host, ledger.held())
         me = os.getpid()
         ledger.claims.append(
             Claim(
@@ -173,7 +203,7 @@ def bind(
     container: str | None = None,
 ) -> None:
     """The running server holds the claim from now on (it outlives the pipeline process)."""
-    if not ledger_path().exists():
+    if store.missing():
         return
     with _locked() as ledger:
         for c in ledger.claims:
@@ -182,7 +212,7 @@ def bind(
 
 
 def give_back(holder: str) -> None:
-    if not ledger_path().exists():
+    if store.missing():
         return
     with _locked() as ledger:
         ledger.claims = [c for c in ledger.claims if c.holder != holder]

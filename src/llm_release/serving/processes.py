@@ -18,6 +18,11 @@ import psutil
 # Start times come from /proc in clock ticks; the same process reads back the same value.
 START_TOLERANCE_S = 0.05
 VLLM_MARKER = "vllm.entrypoints.openai.api_server"
+# In the environment of every server process the project starts (and of every process
+# those start, which inherit it): the project home's path. A process renames itself
+# (vLLM's engine core is 'VLLM::EngineCore'); its environment keeps the mark.
+HOME_MARK = "LLMRELEASE_SERVED_FROM"
+SUPERVISOR_MARKER = "llm_release.serving.supervise"
 # Debian's prometheus-alertmanager names its binary so; upstream's tarball 'alertmanager'.
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
@@ -118,3 +123,44 @@ def pid_from_file(path: Path, cmdline_has: str) -> int | None:
     if pid is None or not is_same(pid, None, cmdline_has=cmdline_has):
         return None
     return pid
+
+
+def marked_groups(home: Path) -> list[int]:
+    """Process groups holding a process of this user marked with ``home``
+    (``HOME_MARK``): the servers the project started there and their children, orphans
+    included, whatever they call themselves now. Groups of a supervisor come first (stopped
+    first, it restarts nothing more); this process's own group never."""
+    home_text = str(Path(home).resolve())
+    own_group = os.getpgid(0)
+    supervisors: set[int] = set()
+    groups: set[int] = set()
+    for proc in psutil.process_iter(["pid", "uids"]):
+        try:
+            uids = proc.info["uids"]
+            if uids is None or uids.real != os.getuid() or proc.pid == os.getpid():
+                continue
+            if proc.environ().get(HOME_MARK) != home_text:
+                continue
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            group = os.getpgid(proc.pid)
+            if group == own_group:
+                continue
+            groups.add(group)
+            if any(SUPERVISOR_MARKER in part for part in proc.cmdline()):
+                supervisors.add(group)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return sorted(supervisors) + sorted(groups - supervisors)
+
+
+def group_alive(pgid: int) -> bool:
+    """A process of group ``pgid`` still runs (zombies, exited and waiting for whoever
+    adopted them to collect them, do not run)."""
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+            continue
+    return False

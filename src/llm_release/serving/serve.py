@@ -9,6 +9,7 @@ docker backend in ``backends/docker.py``. ``make_server`` picks one by
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -32,7 +33,16 @@ from llm_release.serving.capacity import resolve_batch
 from llm_release.serving.dtype import served_dtype
 from llm_release.serving.serving_flags import check_serving_args
 
+log = logging.getLogger(__name__)
+
 LOG_TAIL_LINES = 40
+
+# A port picked here can still be taken before the server binds it (vLLM binds ~25 s after
+# its start, once its imports are done; CI, 2026-12-02: "Address already in use" for a
+# candidate while the other pytest worker started its own servers). A server whose port was
+# picked, not given, is started again on a new pick; the docker daemon says it its own way.
+PORT_TAKEN = re.compile(r"(?i)Address already in use|port is already allocated")
+PORT_RETRIES = 2
 
 # (pattern in the server log, what it most likely means)
 LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
@@ -66,7 +76,7 @@ LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
         ),
         "bad vLLM arguments: check serving.extra_args and the other serving settings",
     ),
-    (re.compile(r"(?i)Address already in use"), "the port is taken: pick another port"),
+    (PORT_TAKEN, "the port is taken: pick another port"),
     (
         re.compile(r"(?i)No such file or directory.*config\.json|does not appear to have a file"),
         "the model directory is incomplete: re-run acquire/quantize",
@@ -245,6 +255,9 @@ def server_env(serving: ServingConfig, role: str = "candidate") -> dict[str, str
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("DO_NOT_TRACK", "1")
     env["HF_HUB_OFFLINE"] = "1"
+    # Inherited by every process of the server's tree, whatever it renames itself to
+    # (vLLM's 'VLLM::EngineCore'): 'down' finds orphans of this home by it.
+    env[processes.HOME_MARK] = str(paths.home().resolve())
     return env
 
 
@@ -258,6 +271,8 @@ class Endpoint:
     log_path: str
     # The docker backend's container (id); the process backend's server is ``pid``.
     container: str | None = None
+    # A supervised release's supervisor serves its restart figures here (``supervise.py``).
+    supervisor_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -300,9 +315,13 @@ class Server(ABC):
         self.serving = serving
         self.log_path = Path(log_path)
         self.port = port or free_port()
+        self.port_picked = not port
         self.owner = owner or Owner(candidate=served_names[0])
         self.gpus: list[int] = []
         self.started = False
+        # Where this start's output begins in ``log_path`` (a restarted release, or a start
+        # on a new port, appends): a diagnosis reads this start's output only.
+        self.log_start = 0
 
     @property
     def base_url(self) -> str:
@@ -369,11 +388,19 @@ class Server(ABC):
         text = self.log_text()
         return "\n".join(text.splitlines()[-lines:])
 
+    def mark_log_start(self) -> None:
+        """This start's output begins at the log file's present end."""
+        try:
+            self.log_start = self.log_path.stat().st_size
+        except FileNotFoundError:
+            self.log_start = 0
+
     def log_text(self, max_bytes: int = 2_000_000) -> str:
+        """This start's output (its last ``max_bytes``)."""
         self.sync_log()
         try:
             with self.log_path.open("rb") as fh:
-                fh.seek(max(0, self.log_path.stat().st_size - max_bytes))
+                fh.seek(max(self.log_start, self.log_path.stat().st_size - max_bytes))
                 return fh.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
@@ -447,13 +474,36 @@ class Server(ABC):
             log_tail=self.log_tail(),
         )
 
+    def start_healthy(self, timeout_s: float | None = None) -> Endpoint:
+        """Start and wait until healthy; stopped again on any failure. A port this server
+        picked itself and found taken when it came to bind is picked again (``PORT_RETRIES``
+        times at most); a port it was given is the caller's, and its failure is reported."""
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                self.start()
+                return self.wait_healthy(timeout_s)
+            except ServeError as exc:
+                self.stop()
+                if not (self.port_picked and attempt < PORT_RETRIES and self._port_taken(exc)):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+            taken, self.port = self.port, free_port()
+            log.warning(
+                "%s: port %d was taken before it could bind; starting again on port %d",
+                self.what(),
+                taken,
+                self.port,
+            )
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    @staticmethod
+    def _port_taken(exc: ServeError) -> bool:
+        return bool(PORT_TAKEN.search(str(exc)))
+
     def __enter__(self) -> Server:
-        self.start()
-        try:
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
+        self.start_healthy()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -488,6 +538,7 @@ class VllmServer(Server):
         self._claim_gpus()
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
+        self.mark_log_start()
         try:
             with self.log_path.open("ab") as log:
                 log.write(f"$ {' '.join(cmd)}\n".encode())
@@ -542,6 +593,9 @@ def stop_process_group(pid: int, grace_s: float = 20) -> bool:
         try:
             os.killpg(pid, 0)
         except ProcessLookupError:
+            return True
+        # Orphans that exited are zombies until their adopter collects them: stopped.
+        if not processes.group_alive(pid):
             return True
         time.sleep(0.2)
     try:

@@ -139,31 +139,51 @@ def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
     return "float32" if "avx512_bf16" in detect().cpu.flags else "auto"
 
 
-# vLLM's non-KV GPU memory beyond the weights has two terms (gpu_worker.determine_available_
-# memory): the torch peak of its profile run and the non-torch memory that grew meanwhile
-# (cuBLAS/NCCL workspaces). Measured through the project's servers on the H200 with vLLM 0.26
-# at DEBUG (docs/gpu-serving-2026-12-01.jsonl): non-torch 0.22 GiB for each of SmolLM2's bf16,
-# FP8 and W4A16 folders; torch peak 0.14 GiB, which the activation + logits terms below give
-# (0.13). The shared 1.17B Llama figures (non-KV 0.72-0.78 GiB) fit within 0.15 GiB. CUDA
-# graphs are captured after the KV cache is sized: vLLM 0.26 did not subtract them.
+# vLLM's non-KV GPU memory beyond the weights (gpu_worker.determine_available_memory, 0.26):
+# the torch peak of its profile run, the non-torch memory that grew meanwhile (cuBLAS/NCCL
+# workspaces) and, on the V1 model runner only, its estimate of the CUDA graphs' memory.
+# vLLM 0.26 runs dense models on the V2 runner (no graph estimate subtracted) and MoE and
+# hybrid models on the V1 runner (vllm/config/vllm.py: _is_default_v2_model_runner_model).
+# Measured through the project's servers on the H200 at DEBUG (docs/gpu-serving-2026-12-01
+# and -12-02 .jsonl; docs/sizing-and-tuning.md has the table):
+#   dense (SmolLM2 135M, Llama 2.45B bf16/FP8/W4A16): non-torch 0.22 GiB, no graph estimate;
+#     the torch peak (0.14-0.52 GiB) is what the activation + logits terms give, ±0.1 GiB.
+#   MoE (16-layer Qwen3-MoE, FP8) and hybrid (Qwen3.5-35B-A3B): non-torch 0.23 / 0.25 GiB,
+#     graph estimate 0.40 / 0.51 GiB, torch peak 1.23 / 1.64 GiB.
 GPU_NON_TORCH_GIB = 0.22
-# MoE and hybrid models keep the older, larger reserve until they are measured the same way:
-# their fused-MoE workspaces grow with top-k (issue 21), so the dense figure would promise
-# KV memory that is not there.
-GPU_NON_TORCH_MOE_GIB = 1.5
+GPU_NON_TORCH_MOE_GIB = 0.24
+# the V1 runner's CUDA graph estimate (first capture + per-graph, 0.40 and 0.51 GiB measured)
+GPU_CUDA_GRAPH_ESTIMATE_GIB = 0.45
+# what the MoE and hybrid torch peaks hold beyond the hidden states, logits, fused-MoE
+# workspaces and GDN projections below: 0.5 GiB on both measured shapes, not attributed to a
+# tensor yet (a fitted constant, the one in this model; checked again with each GPU record).
+GPU_MOE_PEAK_RESIDUAL_GIB = 0.5
 
 
 def estimate_overhead_bytes(arch: ModelArch, tp: int, batched_tokens: int) -> int:
-    """Non-KV GPU memory of one rank beyond its weights: vLLM's profiling peak of one
-    ``batched_tokens`` step (hidden states and the widest MLP/expert activation in bf16, fp32
-    logits of up to 256 sampled rows) plus the non-torch reserve (GPU_NON_TORCH_GIB for a
-    dense model, GPU_NON_TORCH_MOE_GIB for a MoE or hybrid one)."""
-    width = arch.intermediate_size
-    if arch.moe:
-        width = max(arch.moe.moe_intermediate_size * arch.moe.experts_per_token, width)
-    act = batched_tokens * (4 * arch.hidden_size + 2 * width // tp) * 2
+    """Non-KV GPU memory of one rank beyond its weights, as vLLM 0.26 profiles it: the peak of
+    one ``batched_tokens`` step (hidden states and the dense MLP's activation in bf16, fp32
+    logits of up to 256 sampled rows; for MoE the fused-MoE kernel's two workspaces of
+    ``tokens × top-k × max(2·moe_intermediate, hidden)``, for Gated DeltaNet its projections)
+    plus the non-torch reserve and, for MoE and hybrid models (vLLM's V1 runner), the CUDA
+    graph estimate and the measured residual. Constants above, with what they were fit on."""
+    hidden = arch.hidden_size
     logits = 256 * arch.vocab_size // tp * 4
-    reserve = GPU_NON_TORCH_MOE_GIB if (arch.moe or arch.linear) else GPU_NON_TORCH_GIB
+    if not (arch.moe or arch.linear):
+        act = batched_tokens * (4 * hidden + 2 * arch.intermediate_size // tp) * 2
+        return int(act + logits + GPU_NON_TORCH_GIB * GiB)
+    act = batched_tokens * 4 * hidden * 2
+    if arch.moe:
+        width = max(2 * arch.moe.moe_intermediate_size // tp, hidden)
+        act += 2 * batched_tokens * arch.moe.experts_per_token * width * 2
+    else:
+        act += batched_tokens * 2 * arch.intermediate_size // tp * 2
+    if arch.linear:
+        lin = arch.linear
+        # in_proj_qkvz (2 key + 2 value widths) and the core attention's output (value width)
+        widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
+        act += batched_tokens * widths // tp * 2
+    reserve = GPU_NON_TORCH_MOE_GIB + GPU_CUDA_GRAPH_ESTIMATE_GIB + GPU_MOE_PEAK_RESIDUAL_GIB
     return int(act + logits + reserve * GiB)
 
 

@@ -39,7 +39,7 @@ def test_rules_for_a_hostile_service_name_pass_promtool(tmp_path):
     path.write_text(rules())
     check = promtool("check", "rules", str(path))
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 6 rules found" in check.stdout
+    assert "SUCCESS: 8 rules found" in check.stdout
 
 
 def test_the_queue_alert_fires_for_its_service_only_with_its_name_as_written(tmp_path):
@@ -78,6 +78,80 @@ def test_the_queue_alert_fires_for_its_service_only_with_its_name_as_written(tmp
                     {"eval_time": "5m", "alertname": "LLMReleaseQueueHigh", "exp_alerts": []}
                 ],
             },
+        ],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))
+    run = promtool("test", "rules", "tests.yml", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_a_restart_and_a_crash_loop_alert_with_the_release_and_role_that_had_them(tmp_path):
+    (tmp_path / "rules.yml").write_text(rules("tiny"))
+    canary = 'job="supervisor", service="tiny", release="canary-1", role="canary"'
+    stable = 'job="supervisor", service="tiny", release="stable-1", role="stable"'
+    who = {"service": "tiny", "release": "canary-1", "role": "canary"}
+    tests = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # The canary's server restarts at minute 3, then crash-loops at 6.
+                    {
+                        "series": f"llm_release_server_restarts_total{{{canary}}}",
+                        "values": "0 0 0 1 1 1 2 2 2 2 2 2 2 2 2",
+                    },
+                    {
+                        "series": f"llm_release_server_crash_looping{{{canary}}}",
+                        "values": "0 0 0 0 0 0 1 1 1 1",
+                    },
+                    # The stable's never restarts: no alert names it.
+                    {"series": f"llm_release_server_restarts_total{{{stable}}}", "values": "0x14"},
+                    {"series": f"llm_release_server_crash_looping{{{stable}}}", "values": "0x14"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "2m", "alertname": "LLMReleaseServerRestarted", "exp_alerts": []},
+                    {
+                        "eval_time": "4m",
+                        "alertname": "LLMReleaseServerRestarted",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "warning", **who},
+                                "exp_annotations": {
+                                    "summary": "canary release canary-1 of tiny: its server "
+                                    "died and was restarted (1 times in the last window)"
+                                },
+                            }
+                        ],
+                    },
+                    # No restart in the last 5 minutes: resolved.
+                    {
+                        "eval_time": "14m",
+                        "alertname": "LLMReleaseServerRestarted",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "5m",
+                        "alertname": "LLMReleaseServerCrashLooping",
+                        "exp_alerts": [],
+                    },
+                    {
+                        "eval_time": "7m",
+                        "alertname": "LLMReleaseServerCrashLooping",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "critical", **who},
+                                "exp_annotations": {
+                                    "summary": "canary release canary-1 of tiny: its server "
+                                    "crash-loops and is no longer restarted ('llm-release up' "
+                                    "starts it again; a canary is rolled back)"
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
         ],
     }
     (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))

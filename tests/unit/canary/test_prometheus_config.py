@@ -7,7 +7,13 @@ import subprocess
 import pytest
 import yaml
 
-from llm_release.canary.prometheus import Prometheus, render_config, render_targets, scraped_values
+from llm_release.canary.prometheus import (
+    Prometheus,
+    render_config,
+    render_supervisor_targets,
+    render_targets,
+    scraped_values,
+)
 from llm_release.config import ServingConfig
 from llm_release.registry import RegistryState, Release
 from tests.helpers import require_tool
@@ -27,6 +33,17 @@ def release(name: str, port: int) -> Release:
         log_path="/dev/null",
         serving=ServingConfig(),
     )
+
+
+def test_supervisors_are_scraped_where_a_release_records_one():
+    supervised = release("fp8", 8002).model_copy(update={"supervisor_port": 9555})
+    state = RegistryState(stable=release("baseline", 8001), canary=supervised)
+    assert render_supervisor_targets(state) == [
+        {
+            "targets": ["127.0.0.1:9555"],
+            "labels": {"service": "svc", "release": supervised.release_id, "role": "canary"},
+        }
+    ]
 
 
 def test_targets_follow_the_registry():
@@ -72,7 +89,11 @@ def test_the_config_passes_promtool(tmp_path):
     assert check.returncode == 0, check.stdout + check.stderr
     config = yaml.safe_load(prometheus.config_path.read_text())
     assert config["global"]["scrape_interval"] == "5000ms"
-    assert [job["job_name"] for job in config["scrape_configs"]] == ["vllm", "haproxy"]
+    assert [job["job_name"] for job in config["scrape_configs"]] == [
+        "vllm",
+        "haproxy",
+        "supervisor",
+    ]
     # Firing alerts go to the Alertmanager named in a file_sd file (followed without reload).
     [alerting] = config["alerting"]["alertmanagers"]
     assert alerting["file_sd_configs"] == [

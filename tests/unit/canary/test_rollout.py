@@ -37,9 +37,13 @@ class Script:
         self.answers = list(answers or [])
         self.log: list[tuple] = []
         self.live = True
+        self.looping: str | None = None
 
     def still_canary(self) -> bool:
         return self.live
+
+    def crash_looping(self) -> str | None:
+        return self.looping
 
     def set_weight(self, weight: int) -> None:
         self.log.append(("weight", weight))
@@ -97,6 +101,36 @@ def test_failure_beyond_the_limit_rolls_back_at_once_with_the_reason():
     assert out.status == "rolled back" and out.reached_weight == 25
     assert script.log[-1][0] == "rollback" and "25%" in script.log[-1][1]
     assert not any(e[0] == "promote" for e in script.log)
+
+
+class LoopsAfter(Script):
+    """The canary's server starts crash-looping during window ``n`` (a passing one)."""
+
+    def __init__(self, n: int, verdicts: list[str]):
+        super().__init__(verdicts)
+        self.n = n
+
+    def crash_looping(self) -> str | None:
+        windows = sum(1 for e in self.log if e[0] == "window")
+        return "6 crashes within 600 s" if windows >= self.n else None
+
+
+def test_a_crash_looping_canary_is_rolled_back_at_once_whatever_the_windows_say():
+    # The failure limit would tolerate one failing window; a crash loop is not a window.
+    script = LoopsAfter(3, ["pass"] * 6)
+    out = walk(config(failure_limit=1), "r1", script)
+    assert out.status == "rolled back" and out.reached_weight == 25
+    assert len(out.windows) == 3 and out.windows[-1].verdict.verdict == "pass"
+    assert script.log[-1][0] == "rollback"
+    assert "crash-looping at 25%" in out.reason and "6 crashes" in out.reason
+    assert not any(e[0] in ("promote", "ask") for e in script.log)
+
+
+def test_a_canary_already_crash_looping_is_rolled_back_before_any_window():
+    script = LoopsAfter(0, ["pass"] * 6)
+    out = walk(config(), "r1", script)
+    assert out.status == "rolled back" and out.windows == []
+    assert [e[0] for e in script.log] == ["rollback"]
 
 
 def test_failures_within_the_limit_are_tolerated_but_reset_the_step():
@@ -162,6 +196,8 @@ def test_traffic_bound_covers_the_longest_walk():
     per_window = cfg.analysis.window_s
     # three steps below 100, each up to 2 + 3 windows, plus one tolerated failure
     assert longest_rollout_s(cfg) >= per_window * (3 * 5 + 1)
+    # The quality probes after each window lengthen every window alike.
+    assert longest_rollout_s(cfg, probe_s=30) == longest_rollout_s(cfg) + 30 * (3 * 5 + 1)
 
 
 def test_evidence_lists_every_window_and_escapes_cells():

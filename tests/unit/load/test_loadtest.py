@@ -189,3 +189,20 @@ def test_the_tuner_and_the_ranking_share_one_goodput():
 
     assert tune.goodput is loadtest.goodput and select.goodput is loadtest.goodput
     assert tune.level_verdict is loadtest.level_verdict
+
+
+def test_a_pinned_client_runs_on_its_cpus_only():
+    """The wrapper the load test runs GuideLLM through: a real process, its real affinity."""
+    import os
+    import subprocess
+    import sys
+
+    from llm_release.load.loadtest import pinned
+
+    allowed = sorted(os.sched_getaffinity(0))
+    probe = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+    assert pinned(probe, None) == probe
+    out = subprocess.run(pinned(probe, allowed[:1]), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(allowed[:1])
+    free = subprocess.run(probe, capture_output=True, text=True, check=True)
+    assert free.stdout.strip() == str(allowed)

@@ -141,3 +141,97 @@ def test_a_config_only_folder_is_sized_from_its_parameter_count(tmp_path):
     result = plan_for_dir(folder, ServingConfig(dtype="bfloat16"), GPU)
     assert result.weights.source == "estimate"
     assert result.weights.total_bytes == 2 * estimate_params(parse_config(cfg)).total > 14e9
+
+
+# ---------------------------------------------------------------- tensor_parallel_size auto
+
+
+def _gpus(count: int) -> Hardware:
+    return Hardware(
+        cpu=CpuInfo(model_name="cpu", cores=16, flags=["avx2"]),
+        machine="x86_64",
+        gpus=["NVIDIA H200"] * count,
+    )
+
+
+def _weights_of(gib: float) -> dict:
+    from llm_release.sizing.weights import TensorInfo
+
+    # bf16 matrices of 8192 × 8192 (128 MiB each), as many as the size needs
+    return {
+        f"model.layers.{i}.w": TensorInfo(dtype="BF16", shape=[8192, 8192])
+        for i in range(int(gib * 8))
+    }
+
+
+def _big() -> dict:
+    return llama(
+        num_hidden_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+    )
+
+
+def _auto(tp="auto") -> ReleaseConfig:
+    return ReleaseConfig.model_validate(
+        {
+            "source": {"repo_id": "org/big"},
+            "serving": {"dtype": "bfloat16", "max_model_len": 8192, "tensor_parallel_size": tp},
+        }
+    )
+
+
+@pytest.fixture()
+def h200_memory(monkeypatch):
+    from llm_release import hardware
+
+    monkeypatch.setattr(hardware, "gpu_memory_gib", lambda: 139.8)
+
+
+@pytest.mark.parametrize(("weights_gib", "gpus", "planned"), [(20, 8, 1), (200, 8, 2), (400, 8, 4)])
+def test_auto_is_the_smallest_tensor_parallel_size_that_fits(
+    h200_memory, weights_gib, gpus, planned
+):
+    from llm_release.serving.capacity import as_planned
+
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(weights_gib), shards=[])
+    plan = plan_release(_auto(), _gpus(gpus), files)
+    assert [o.tensor_parallel_size for o in plan.options] == [1, 2, 4, 8]
+    config = as_planned(_auto(), plan)
+    assert config.serving.tensor_parallel_size == planned
+    assert ("--tensor-parallel-size" in config.serving.parallel_args()) == (planned > 1)
+
+
+def test_auto_never_plans_more_gpus_than_the_host_has(h200_memory):
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(400), shards=[])
+    with pytest.raises(ConfigError, match="cannot fit"):
+        plan_release(_auto(), _gpus(2), files)  # 400 GiB of weights on 2 × 139.8 GiB
+
+
+def test_an_explicit_size_is_kept_and_a_cpu_host_plans_one(h200_memory):
+    from llm_release.serving.capacity import as_planned
+
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(20), shards=[])
+    explicit = _auto(tp=4)
+    assert as_planned(explicit, plan_release(explicit, _gpus(8), files)) == explicit
+    cpu = ModelFiles(source="hub", config=_big(), tensors={}, shards=[])
+    assert as_planned(_auto(), plan_release(_auto(), CPU, cpu)).serving.tensor_parallel_size == 1
+
+
+def test_an_unplanned_auto_never_reaches_a_server():
+    from llm_release.config import ServingConfig
+
+    with pytest.raises(ConfigError, match="not planned"):
+        ServingConfig(tensor_parallel_size="auto").parallel_args()
+
+
+@pytest.mark.parametrize("value", [0, -2, "AUTO", "auto; rm -rf /", "2 --enforce-eager", 1.5])
+def test_a_run_form_tensor_parallel_size_is_a_positive_number_or_auto(value):
+    from pydantic import ValidationError
+
+    from llm_release.config import ServingConfig
+
+    with pytest.raises(ValidationError):
+        ServingConfig(tensor_parallel_size=value)

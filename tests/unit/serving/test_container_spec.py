@@ -291,9 +291,9 @@ def test_the_gpu_ledger_keeps_running_servers_apart(home):
     running.add("candidate-b")
     assert gpus.claim("candidate-b", serving, host, alive=alive) == [2, 3]
     gpus.bind("candidate-b", container="abc123")
-    claims = json.loads(gpus.ledger_path().read_text())["claims"]
-    assert {c["holder"]: c["gpus"] for c in claims} == {"stable": [0, 1], "candidate-b": [2, 3]}
-    assert [c["container"] for c in claims if c["holder"] == "candidate-b"] == ["abc123"]
+    claims = gpus.ledger().claims
+    assert {c.holder: c.gpus for c in claims} == {"stable": [0, 1], "candidate-b": [2, 3]}
+    assert [c.container for c in claims if c.holder == "candidate-b"] == ["abc123"]
     gpus.give_back("candidate-b")
     assert gpus.claim("canary", serving, host, alive=lambda c: True) == [2, 3]
     assert gpus.claim("cpu-only", serving, [], alive=alive) == []
@@ -302,16 +302,18 @@ def test_the_gpu_ledger_keeps_running_servers_apart(home):
 def test_a_corrupt_gpu_ledger_is_rebuilt_and_a_corrupt_registry_refused(home):
     # The GPU ledger only keeps live servers apart: a corrupt one starts afresh. The
     # registry says which release serves users: a corrupt one is refused in one line.
+    # Both old files are read once, at the record's first start on this home.
     gpus.ledger_path().write_text("{not json")
-    assert gpus.claim("stable", ServingConfig(), [0, 1], alive=lambda c: True) == [0]
-    assert [c["holder"] for c in json.loads(gpus.ledger_path().read_text())["claims"]] == ["stable"]
     registry.registry_path().write_text("{not json")
     with pytest.raises(StateError, match="is corrupt") as caught:
         with registry.locked():
             pass
     assert "\n" not in caught.value.one_line()
     assert registry.registry_path().read_text() == "{not json"
-    registry.registry_path().unlink()  # the home fixture's teardown reads the registry
+    registry.registry_path().unlink()  # moved aside, as the hint says
+    assert gpus.claim("stable", ServingConfig(), [0, 1], alive=lambda c: True) == [0]
+    assert [c.holder for c in gpus.ledger().claims] == ["stable"]
+    assert gpus.ledger_path().read_text() == "{not json"
 
 
 def _labels(role: str, owner_pid: int, started: float | None = None) -> dict[str, str]:
@@ -354,7 +356,7 @@ def test_what_a_sweep_takes_for_left_behind():
     )
 
 
-def test_an_old_registry_without_containers_still_loads(home):
+def test_an_old_registry_without_containers_still_loads(home, tmp_path, monkeypatch):
     old = {
         "router_port": 8080,
         "stable": {
@@ -384,6 +386,9 @@ def test_an_old_registry_without_containers_still_loads(home):
         "allow_unsafe_serving_args": False,
         "extra_args": ["--max_num_batched_tokens=64"],
     }
+    # (in a second home: the record imports a home's releases.json once, at its first start)
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "second"))
+    registry.registry_path().parent.mkdir()
     registry.registry_path().write_text(json.dumps(old))
     assert registry.load().stable.serving.extra_args == ["--max_num_batched_tokens=64"]
 
@@ -396,3 +401,55 @@ def test_the_cpu_image_is_tagged_by_its_inputs():
     script = image.install_script(reqs)
     assert "--no-index" in script and "/wheels/pip-23.2.1-py3-none-any.whl/pip" in script
     assert image.OFFICIAL_IMAGE == "vllm/vllm-openai:v0.32.0"
+
+
+def test_a_serving_release_restarts_on_failure_up_to_the_limit_a_candidate_never(
+    tmp_path, monkeypatch
+):
+    from docker.models.containers import _create_container_args
+
+    monkeypatch.setenv("LLM_RELEASE_RESTART_LIMIT", "4")
+    serving = ServingConfig(backend="docker")
+    for role in ("stable", "canary"):
+        spec = cpu_spec(serving, tmp_path, Owner(role=role, release_id="r1"))
+        assert spec["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 4}
+        # What the daemon is sent (docker run --restart on-failure:4).
+        host = _create_container_args(dict(spec, version="1.41"))["host_config"]
+        assert host["RestartPolicy"] == {"Name": "on-failure", "MaximumRetryCount": 4}
+    # A candidate's failure is the measurement's to report: no restart hides it.
+    assert "restart_policy" not in cpu_spec(serving, tmp_path, Owner(role="candidate"))
+
+
+def test_a_second_image_builder_waits_for_the_first(tmp_path, monkeypatch):
+    """make test builds the image in the background while the Docker tests may call build():
+    the host-wide lock makes the second wait (and say so) until the first is done."""
+    import subprocess
+    import sys
+    import time
+
+    from llm_release.serving.backends import image
+
+    monkeypatch.setattr(image.tempfile, "gettempdir", lambda: str(tmp_path))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX);"
+            " print('held', flush=True); time.sleep(2)",
+            str(image.build_lock_path()),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    said: list[str] = []
+    began = time.monotonic()
+    with image.build_lock(said.append):
+        waited = time.monotonic() - began
+    assert waited > 1.0 and said and said[0].startswith("waiting for another build"), said
+    # Free again: the next builder enters at once and says nothing.
+    said.clear()
+    with image.build_lock(said.append):
+        pass
+    assert said == []
+    holder.wait(timeout=10)

@@ -33,6 +33,25 @@ def stop_release(release: Release, grace_s: float = 20) -> bool:
     return stop(release, grace_s)
 
 
+def crash_looping(release: Release) -> str | None:
+    """Why ``release``'s server is no longer restarted after crashing too often (its
+    supervisor gave up, or Docker's restart policy ran out of retries); None otherwise."""
+    if release.serving.backend == "docker":
+        from llm_release.serving.backends.docker import crash_looping as looping
+    else:
+        from llm_release.serving.backends.process import crash_looping as looping
+    return looping(release)
+
+
+def server_summary(release: Release) -> dict | None:
+    """How restarting went for ``release``'s server: state, restarts, reason (or None)."""
+    if release.serving.backend == "docker":
+        from llm_release.serving.backends.docker import server_summary as summary
+    else:
+        from llm_release.serving.backends.process import server_summary as summary
+    return summary(release)
+
+
 def sweep_containers(home: Path, *, everything: bool) -> list[str]:
     """Remove the containers this project home left behind (see ``docker.sweep``); nothing
     when Docker is not installed or not running (then there are none to remove)."""

@@ -50,11 +50,13 @@ from llm_release.serving.serve import (
     has_cuda,
     vllm_args,
 )
-from llm_release.settings import IMAGE_REF, MAX_SHM_GIB, settings
+from llm_release.settings import IMAGE_REF, MAX_SHM_GIB, NVLINK_MULTICAST_OFF, settings
 
 log = logging.getLogger(__name__)
 
 CONTAINER_PORT = 8000
+# The roles whose container Docker restarts when it dies (with a restart policy).
+SERVING_ROLES = ("stable", "canary")
 # The project's own bridge network, with inter-container traffic off: a vLLM container is
 # reached only through its port published on the host's 127.0.0.1, never from another
 # container (on this network or the daemon's default bridge, which Docker keeps apart).
@@ -174,17 +176,21 @@ def container_spec(
     gpu_host: bool,
     home: Path | None = None,
     host: HostSettings | None = None,
+    restart_limit: int | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``client.containers.run`` for one vLLM server (pure: no daemon).
-    ``host``: the operator's host options (default: from the environment)."""
+    ``host``: the operator's host options (default: from the environment);
+    ``restart_limit``: a serving release's restarts (default ``LLM_RELEASE_RESTART_LIMIT``)."""
     host = host or host_settings()
+    if restart_limit is None:
+        restart_limit = settings().restart_limit
     home_path = Path(home or paths.home()).resolve()
     model = str(Path(model_dir).resolve())
     env = {
         "HF_HUB_OFFLINE": "1",  # the model is a local folder; the container fetches nothing
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-    }
+    } | NVLINK_MULTICAST_OFF
     if not gpu_host:
         # CPU ids as this host numbers them: the container shares the host's CPUs (no cpuset)
         env |= cpu_env(serving, owner.role)
@@ -217,6 +223,10 @@ def container_spec(
         "security_opt": ["no-new-privileges"],
         "detach": True,
     }
+    if owner.role in SERVING_ROLES:
+        # A serving release's container comes back when it dies (the daemon's backoff
+        # doubles from 100 ms); a candidate's must stay dead so its failure is reported.
+        spec["restart_policy"] = {"Name": "on-failure", "MaximumRetryCount": restart_limit}
     if host.ipc_host:
         spec["ipc_mode"] = "host"
     else:
@@ -265,7 +275,6 @@ class DockerServer(Server):
         self.container: Any = None
         self.image: str | None = None
         self._header = ""
-        self._log_offset = 0
         self._last_code: int | None = None
 
     def container_id(self) -> str | None:
@@ -306,8 +315,8 @@ class DockerServer(Server):
             f"{' '.join(spec['entrypoint'] + spec['command'])}\n"
         )
         # Appended after what the file holds (a restarted release keeps its earlier log).
+        self.mark_log_start()
         with self.log_path.open("a") as fh:
-            self._log_offset = fh.tell()
             fh.write(self._header)
         try:
             self.container = self._run(docker, spec)
@@ -346,7 +355,9 @@ class DockerServer(Server):
         except sdk_errors().NotFound:
             self._last_code = -1  # removed under us
             return self._last_code
-        if self.container.status in ("exited", "dead"):
+        # 'restarting': a serving release's container died and its restart policy is at
+        # work; seen by this server (while it starts) it is a failed start, as unsupervised.
+        if self.container.status in ("exited", "dead", "restarting"):
             self._last_code = int(self.container.attrs["State"].get("ExitCode", -1))
         return self._last_code
 
@@ -360,7 +371,7 @@ class DockerServer(Server):
         except Exception:  # noqa: BLE001 - removed, or the daemon went: keep what we have
             return
         with self.log_path.open("r+b") as fh:
-            fh.seek(self._log_offset)
+            fh.seek(self.log_start)
             fh.truncate()
             fh.write((self._header + text).encode())
 
@@ -421,6 +432,35 @@ def stop_release(release: Release, grace_s: float = 20) -> bool:
     _save_log(found, Path(release.log_path))
     _remove(found, grace_s)
     return was_running
+
+
+def crash_looping(release: Release) -> str | None:
+    """The release's container exited and its restart policy has no retry left."""
+    try:
+        found = find_container(release.container)
+    except ServeError:
+        return None
+    if found is None or not _is_recorded(found, release) or found.status != "exited":
+        return None
+    attrs = found.attrs or {}
+    policy = (attrs.get("HostConfig") or {}).get("RestartPolicy") or {}
+    limit = int(policy.get("MaximumRetryCount") or 0)
+    restarts = int(attrs.get("RestartCount") or 0)
+    if policy.get("Name") != "on-failure" or restarts < limit:
+        return None
+    code = (attrs.get("State") or {}).get("ExitCode")
+    return f"the container exited with code {code} after {restarts} restarts (limit {limit})"
+
+
+def server_summary(release: Release) -> dict | None:
+    """The container's state and Docker's restart count."""
+    try:
+        found = find_container(release.container)
+    except ServeError:
+        return None
+    if found is None or not _is_recorded(found, release):
+        return None
+    return {"state": found.status, "restarts": int((found.attrs or {}).get("RestartCount") or 0)}
 
 
 def _save_log(container: Any, log_path: Path) -> None:

@@ -19,6 +19,8 @@ requirements, the install steps), so a build with unchanged inputs does nothing.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -190,9 +192,43 @@ def build(progress: Callable[[str], None] = print, *, force: bool = False) -> Bu
     requirements = serving_requirements()
     result = BuildResult(tag=vllm_tag(requirements), base=base_tag())
     if _exists(docker, result.tag) and not force:
-        progress(f"image {result.tag} is up to date")
-        result.size_bytes = docker.images.get(result.tag).attrs.get("Size", 0)
-        return result
+        return _up_to_date(docker, result, progress)
+    with build_lock(progress):
+        if _exists(docker, result.tag) and not force:
+            return _up_to_date(docker, result, progress)  # another builder made it meanwhile
+        return _build(docker, result, requirements, progress)
+
+
+def _up_to_date(docker, result: BuildResult, progress: Callable[[str], None]) -> BuildResult:
+    progress(f"image {result.tag} is up to date")
+    result.size_bytes = docker.images.get(result.tag).attrs.get("Size", 0)
+    return result
+
+
+def build_lock_path() -> Path:
+    """The images are the Docker daemon's, shared by every project home on this host: so is
+    the lock that lets one build run at a time."""
+    return Path(tempfile.gettempdir()) / "llm-release-image-build.lock"
+
+
+@contextlib.contextmanager
+def build_lock(progress: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold the host's image-build lock (``flock``: released when the holder exits, however
+    it ends). A second builder (``make test`` builds in the background while the suite
+    starts; the Docker tests call ``build()`` too) waits, then finds the image built."""
+    with open(build_lock_path(), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"waiting for another build of the image (lock {build_lock_path()}) …")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(docker, result: BuildResult, requirements, progress) -> BuildResult:
     if not _exists(docker, result.base):
         mark = time.monotonic()
         _build_base(docker, result.base, progress)

@@ -1,19 +1,46 @@
-"""The process backend's release operations (the server itself is ``serve.VllmServer``)."""
+"""The process backend's release operations (the server itself is ``serve.VllmServer``,
+a serving release's under a supervisor: ``supervise.SupervisedServer``)."""
 
 from __future__ import annotations
 
 from llm_release.registry import Release
-from llm_release.serving import processes
+from llm_release.serving import processes, supervise
 from llm_release.serving.serve import stop_process_group
 
 
-def release_alive(release: Release) -> bool:
+def _recorded_alive(release: Release) -> bool:
     """Same pid and start time (older records: a command line naming the release). A
     reused pid is some other process, never ours."""
     return processes.is_same(release.pid, release.pid_started, cmdline_has=release.release_id)
 
 
-def stop_release(release: Release, grace_s: float = 20) -> bool:
-    if not release_alive(release):
+def release_alive(release: Release) -> bool:
+    """The release serves or will again by itself: its server runs, or its supervisor runs
+    and has not given up on it (a crash-looping release is not alive)."""
+    if not _recorded_alive(release):
         return False
-    return stop_process_group(release.pid, grace_s)
+    if release.supervisor_port is None:
+        return True
+    state = supervise.read_state(release.log_path)
+    return state is None or state.state not in supervise.GAVE_UP
+
+
+def stop_release(release: Release, grace_s: float = 20) -> bool:
+    """Stop the recorded server (a supervisor stops its server first), and the server group
+    a supervisor last ran should the supervisor be gone."""
+    stopped = _recorded_alive(release) and stop_process_group(release.pid, grace_s)
+    if release.supervisor_port is not None:
+        stopped = supervise.stop_server_group(release.log_path) or stopped
+    return stopped
+
+
+def crash_looping(release: Release) -> str | None:
+    if release.supervisor_port is None:
+        return None
+    return supervise.crash_looping(release.log_path)
+
+
+def server_summary(release: Release) -> dict | None:
+    if release.supervisor_port is None:
+        return None
+    return supervise.summary(release.log_path)

@@ -1,0 +1,300 @@
+"""The record's database: which one (``LLM_RELEASE_DATABASE_URL``, else an SQLite file
+under the project home), brought to the newest schema at first use in a process (Alembic,
+``migrations/``) with the one-time import of the old JSON files in the same transaction,
+and transactions that serialize writers in the database itself.
+
+Writers take turns by row locks: ``lock_registry`` and ``take_slot`` read their row with
+``SELECT ... FOR UPDATE`` on PostgreSQL, so a second writer waits for the first to commit
+and then sees what it wrote. SQLite has no row locks: every transaction there begins with
+``BEGIN IMMEDIATE`` (the database's write lock), which serializes the same way on one host.
+A writer that dies mid-transaction leaves nothing: the database rolls it back.
+
+SQLite has one write lock for the whole file: a writer opened while this thread already
+holds one (a GPU claimed while a deploy holds the registry) would wait for itself, so it
+joins the open transaction in a SAVEPOINT instead. On PostgreSQL it is a transaction of
+its own, committed at once (the GPU ledger's lock is not held for the deploy's minutes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from llm_release import paths
+from llm_release.errors import StateError
+from llm_release.record import legacy
+from llm_release.record.schema import (
+    SLOTS,
+    Base,
+    GpuClaimRow,
+    ImportRow,
+    RegistryRow,
+    ReleaseRow,
+    SlotRow,
+)
+from llm_release.settings import settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+# The newest revision in migrations/versions (a test checks it against Alembic's head): a
+# record already there, with its import done, opens without loading Alembic at all.
+HEAD = "0001"
+# pg_advisory_xact_lock's key: two processes starting on a new database migrate in turn.
+MIGRATION_LOCK = 0x11E_2E1E
+# A writer waits for the one before it as long as it holds the write lock: a deploy holds
+# it while its servers start (minutes), as it held the registry's file lock before.
+SQLITE_BUSY_TIMEOUT_S = 3600.0
+
+_engines: dict[tuple[int, str], Engine] = {}
+# The writing transaction open in this context, and its thread (SQLite's nested writers
+# join it; a context copied into another thread, as a task runner does, never does).
+_writing: ContextVar[tuple[int, Session] | None] = ContextVar("record_writing", default=None)
+
+
+def database_url() -> str:
+    """The record's URL: the setting, else ``sqlite:///<home>/record.db``."""
+    secret = settings().database_url
+    if secret is not None:
+        return secret.get_secret_value()
+    return f"sqlite:///{paths.home() / 'record.db'}"
+
+
+def missing() -> bool:
+    """The record is an SQLite file not made yet: a read may answer "nothing recorded"
+    without making it (a command that only looks creates no database)."""
+    url = make_url(database_url())
+    return (
+        url.get_backend_name() == "sqlite"
+        and bool(url.database)
+        and not Path(url.database).exists()
+    )
+
+
+def shown(url: str) -> str:
+    """The URL as logs and errors show it: the password masked."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<an unparsable URL>"
+
+
+def _hint(where: str) -> str:
+    return (
+        f"check that the database of LLM_RELEASE_DATABASE_URL ({where}) runs and "
+        "this user may create tables there, or unset it (an SQLite file under the project home)"
+    )
+
+
+def alembic_config(connection=None):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def create(url: str) -> Engine:
+    """An engine for ``url``; SQLite's transactions take the write lock at their start."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StateError(
+            "LLM_RELEASE_DATABASE_URL is not a database URL",
+            hint="e.g. postgresql+psycopg://user:password@host/llm_release, or unset it",
+        ) from None
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database:
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        # No pool: a connection per transaction (cheap for a file), so an engine per
+        # project home (tests make hundreds) keeps no file open.
+        engine = create_engine(
+            url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S}, poolclass=NullPool
+        )
+
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_connection, _record) -> None:
+            dbapi_connection.isolation_level = None  # SQLAlchemy's BEGIN, not the driver's
+            dbapi_connection.execute("PRAGMA foreign_keys=ON")
+            dbapi_connection.execute("PRAGMA journal_mode=WAL")
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection) -> None:
+            mode = connection.get_execution_options().get("sqlite_begin", "IMMEDIATE")
+            connection.exec_driver_sql(f"BEGIN {mode}")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _current(engine: Engine) -> bool:
+    """The record is at ``HEAD`` and its one-time import is done (a read, no lock)."""
+    with engine.connect().execution_options(sqlite_begin="DEFERRED") as connection:
+        if not inspect(connection).has_table("alembic_version"):
+            return False
+        version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        if version != HEAD:
+            return False
+        done = connection.execute(
+            select(ImportRow.name).where(ImportRow.name.in_(legacy.IMPORTS))
+        ).scalars()
+        return set(done) == set(legacy.IMPORTS)
+
+
+def migrate(engine: Engine, home: Path | None = None) -> None:
+    """The newest schema, then the one-time import of ``home``'s JSON files (the project
+    home by default; each store's files once, ``legacy.IMPORTS``): one transaction, one
+    process at a time."""
+    where = engine.url.render_as_string(hide_password=True)
+    try:
+        if _current(engine):
+            return
+        from alembic import command
+
+        with engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
+            command.upgrade(alembic_config(connection), "head")
+            with Session(bind=connection) as session:
+                legacy.import_home(session, home or paths.home(), where)
+                session.flush()
+    except SQLAlchemyError as exc:
+        first = str(exc).splitlines()[0]
+        raise StateError(
+            f"the release record {where} could not be opened or migrated ({first})",
+            hint=_hint(where),
+        ) from None
+
+
+def engine() -> Engine:
+    """This process's engine for the configured record, migrated at its first use."""
+    url = database_url()
+    key = (os.getpid(), url)  # a forked child opens its own connections
+    if key not in _engines:
+        new = create(url)
+        migrate(new)
+        _engines[key] = new
+    return _engines[key]
+
+
+@contextlib.contextmanager
+def transaction(*, write: bool = True) -> Iterator[Session]:
+    """A session in one transaction: committed on a clean exit, rolled back when the block
+    raises (or the process dies: the database drops what was not committed). A read
+    (``write=False``) on SQLite reads the last committed state without waiting for a
+    writer (WAL); on PostgreSQL a read never waits for a row lock anyway.
+
+    A writer opened inside another writer of this thread on SQLite joins it (a SAVEPOINT:
+    the block's changes commit with the outer transaction, a block that raises undoes only
+    its own); the database's one write lock would otherwise make it wait for itself."""
+    current = engine()
+    thread, outer = _writing.get() or (None, None)
+    if (
+        write
+        and outer is not None
+        and thread == threading.get_ident()
+        and outer.bind is current
+        and current.dialect.name == "sqlite"
+    ):
+        with outer.begin_nested():
+            yield outer
+        return
+    with Session(current, expire_on_commit=False) as session, session.begin():
+        if not write:
+            session.connection(execution_options={"sqlite_begin": "DEFERRED"})
+            yield session
+            return
+        token = _writing.set((threading.get_ident(), session))
+        try:
+            yield session
+        finally:
+            _writing.reset(token)
+
+
+def upsert(session: Session, row_type: type[Base], values: dict[str, Any]) -> None:
+    """Insert a row, or update the one with its key (``INSERT ... ON CONFLICT DO UPDATE``,
+    one statement: two writers of one key never collide). Columns not in ``values`` keep
+    what the row had."""
+    table = row_type.__table__
+    keys = [c.name for c in table.primary_key.columns]
+    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(table).values(**values)
+    changed = {k: statement.excluded[k] for k in values if k not in keys}
+    session.execute(statement.on_conflict_do_update(index_elements=keys, set_=changed))
+
+
+def lock_registry(session: Session) -> RegistryRow:
+    """The registry's row, locked to the end of the transaction (writers take turns)."""
+    return session.execute(
+        select(RegistryRow).where(RegistryRow.id == 1).with_for_update()
+    ).scalar_one()
+
+
+def lock_gpu_claims(session: Session) -> list[GpuClaimRow]:
+    """Every GPU claim, the ledger locked to the end of the transaction: claimers take
+    turns, and the second sees what the first claimed. PostgreSQL: the table in EXCLUSIVE
+    mode (a new claim is an insert, which a row lock could not keep out; readers do not
+    wait). SQLite: the transaction's ``BEGIN IMMEDIATE`` holds the database already."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text(f"LOCK TABLE {GpuClaimRow.__tablename__} IN EXCLUSIVE MODE"))
+    return list(session.execute(select(GpuClaimRow).order_by(GpuClaimRow.holder)).scalars())
+
+
+def take_slot(
+    session: Session, slot: str, release: ReleaseRow, *, replacing: str | None = None
+) -> ReleaseRow:
+    """Put ``release`` in the router slot ``slot`` (stable or canary). The slot's row is
+    locked first: a second writer waits, then finds the slot taken and gets a StateError
+    (unless the release there is ``replacing``, the one this writer means to replace)."""
+    if slot not in SLOTS:
+        raise StateError(f"no router slot {slot!r}", hint=f"one of {', '.join(SLOTS)}")
+    row = session.execute(
+        select(SlotRow).where(SlotRow.name == slot).with_for_update()
+    ).scalar_one()
+    if row.release_id not in (None, release.release_id, replacing):
+        raise StateError(
+            f"the {slot} slot is already held by release {row.release_id}; "
+            f"{release.release_id} was not put there",
+            hint="another process changed the release first: 'llm-release canary status' "
+            "shows what serves now; promote or roll back the canary before a new one",
+        )
+    release.state = slot
+    merged = session.merge(release)
+    row.release_id = merged.release_id
+    session.flush()
+    return merged
+
+
+def leave_slot(session: Session, slot: str, state: str) -> ReleaseRow | None:
+    """Empty ``slot``; its release (if any) gets ``state`` (replaced, rolled back, stopped)."""
+    row = session.execute(
+        select(SlotRow).where(SlotRow.name == slot).with_for_update()
+    ).scalar_one()
+    if row.release_id is None:
+        return None
+    release = session.get(ReleaseRow, row.release_id)
+    row.release_id = None
+    if release is not None:
+        release.state = state
+    session.flush()
+    return release
+
+
+def slots(session: Session) -> dict[str, ReleaseRow | None]:
+    """Each slot's release (None: empty)."""
+    rows = session.execute(select(SlotRow)).scalars().all()
+    return {r.name: session.get(ReleaseRow, r.release_id) if r.release_id else None for r in rows}

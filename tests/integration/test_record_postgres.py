@@ -1,0 +1,397 @@
+"""The release record against real databases: the SQLite file of the default and a real
+PostgreSQL server (tests/pg.py). The first start on a home with the old JSON files imports
+every release, judgement, measurement and GPU claim once (a home imported before the stores
+moved onto the record imports their files then); two processes racing for one router slot
+on PostgreSQL have exactly one winner, and two claiming the last free GPU too; a writer
+killed mid-transaction leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from llm_release.config import STORED, ServingConfig
+from llm_release.decision import measurements
+from llm_release.decision.decisions import Judgement
+from llm_release.errors import ServeError
+from llm_release.fileio import atomic_write_json, atomic_write_text
+from llm_release.record import store
+from llm_release.record.schema import (
+    DecisionRow,
+    GpuClaimRow,
+    HistoryRow,
+    ImportRow,
+    MeasurementRow,
+    RegistryRow,
+    ReleaseRow,
+    RolloutRow,
+)
+from llm_release.record.state import read_state, write_state
+from llm_release.registry import RegistryState, Release, RolloutStatus
+from llm_release.results import CandidateResult
+from llm_release.serving import gpus, processes
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+WRITER = ROOT / "tests" / "record_writer.py"
+CLAIMER = ROOT / "tests" / "gpu_claimer.py"
+
+
+def _release(release_id: str, port: int) -> Release:
+    return Release(
+        release_id=release_id,
+        candidate="fp8",
+        scheme="FP8_DYNAMIC",
+        repo_id="org/tiny",
+        commit=release_id[-8:] * 5,
+        model_dir=f"/srv/models/{release_id}",
+        public_name="tiny",
+        port=port,
+        pid=4242,
+        pid_started=1796000000.5,
+        log_path=f"/srv/logs/{release_id}.log",
+        serving=ServingConfig(max_model_len=4096),
+    )
+
+
+def old_home(home: Path) -> RegistryState:
+    """The JSON files the pipeline wrote before the record, as its writers wrote them."""
+    state = RegistryState(
+        router_port=8080,
+        stable=_release("baseline-aaaaaaaa", 8101),
+        canary=_release("fp8-bbbbbbbb", 8102),
+        canary_weight=25,
+        rollout=RolloutStatus(
+            release_id="fp8-bbbbbbbb",
+            steps=[5, 25, 50, 100],
+            weight=25,
+            state="analysing",
+            last_window={
+                "weight": 5,
+                "index": 1,
+                "verdict": "pass",
+                "reason": "ok",
+                "ended_at": 1.0,
+            },
+        ),
+    )
+    state.log("stable", release="baseline-aaaaaaaa")
+    state.log("canary", release="fp8-bbbbbbbb", weight=5)
+    state.log("canary_weight", release="fp8-bbbbbbbb", weight=25, previous=5)
+    atomic_write_text(home / "releases.json", json.dumps(state.model_dump(), indent=2) + "\n")
+    for n, verdict in enumerate(["deployed", "rejected"]):
+        key = f"{n}" * 64
+        judgement = Judgement(
+            key=key,
+            repo_id="org/tiny",
+            commit=f"{n}" * 40,
+            verdict=verdict,
+            summary=f"judged {verdict}",
+            run_id=f"run-{n}",
+            at="2026-12-01T00:00:00+00:00",
+        )
+        atomic_write_json(home / "judgements" / f"{key[:32]}.json", judgement.model_dump())
+    result = CandidateResult(
+        name="fp8", scheme="FP8_DYNAMIC", status="measured", fingerprint="f" * 64
+    )
+    atomic_write_json(
+        home / "measurements" / f"{'f' * 32}.json",
+        {"run_id": "run-0", "result": result.model_dump(mode="json")},
+    )
+    (home / "measurements" / f"{'e' * 32}.json").write_text("{not json")
+    me = os.getpid()
+    ledger = gpus.Ledger(
+        claims=[
+            # This process: a live holder. A pid that does not run: a dead one.
+            gpus.Claim(holder="stable", gpus=[0], pid=me, pid_started=processes.start_time(me)),
+            gpus.Claim(holder="candidate-x", gpus=[1], pid=2**22 + 7, pid_started=1.0),
+        ]
+    )
+    atomic_write_json(home / "gpus.json", ledger.model_dump())
+    return state
+
+
+def test_the_first_start_imports_every_release_and_decision_once(record_url, home, caplog):
+    state = old_home(home)
+    caplog.set_level(logging.INFO, logger="llm_release.record")
+    with store.transaction() as session:
+        slots = store.slots(session)
+        assert slots["stable"].release_id == "baseline-aaaaaaaa"
+        assert slots["canary"].release_id == "fp8-bbbbbbbb"
+        stable = session.get(ReleaseRow, "baseline-aaaaaaaa")
+        assert (
+            Release.model_validate({c: getattr(stable, c) for c in Release.model_fields})
+            == state.stable
+        ), "every field of the release kept"
+        assert stable.state == "stable"
+        registry = session.get(RegistryRow, 1)
+        assert (registry.router_port, registry.canary_weight) == (8080, 25)
+        rollout = session.get(RolloutRow, registry.rollout_release_id)
+        assert (rollout.release_id, rollout.steps, rollout.state) == (
+            "fp8-bbbbbbbb",
+            [5, 25, 50, 100],
+            "analysing",
+        )
+        history = session.execute(select(HistoryRow).order_by(HistoryRow.id)).scalars().all()
+        assert [(h.event, h.details.get("weight")) for h in history] == [
+            ("stable", None),
+            ("canary", 5),
+            ("canary_weight", 25),
+        ]
+        decisions = session.execute(select(DecisionRow).order_by(DecisionRow.key)).scalars().all()
+        assert [(d.verdict, d.run_id) for d in decisions] == [
+            ("deployed", "run-0"),
+            ("rejected", "run-1"),
+        ]
+        measurement = session.get(MeasurementRow, "f" * 64)
+        assert CandidateResult.model_validate(measurement.result).fingerprint == "f" * 64
+    said = [r.getMessage() for r in caplog.records if "imported the JSON files" in r.getMessage()]
+    assert len(said) == 1, said
+    assert (
+        "2 releases, 3 history events, 2 judgements, 1 measurements, 2 GPU claims, "
+        "1 unreadable skipped" in said[0]
+    )
+    # Every claim imported whole; the ledger's next claim frees the dead holder's GPU.
+    old_claims = json.loads((home / "gpus.json").read_text())["claims"]
+    assert gpus.ledger().model_dump()["claims"] == sorted(old_claims, key=lambda c: c["holder"])
+    assert gpus.claim("canary", ServingConfig(), [0, 1]) == [1]
+    assert {c.holder: c.gpus for c in gpus.ledger().claims} == {"stable": [0], "canary": [1]}
+
+    # A second start (a new process: no engine yet) imports nothing, even with a new file.
+    caplog.clear()
+    store._engines.clear()
+    atomic_write_json(
+        home / "judgements" / f"{'9' * 32}.json",
+        Judgement(
+            key="9" * 64,
+            repo_id="org/tiny",
+            commit="9" * 40,
+            verdict="deployed",
+            summary="late",
+            run_id="run-9",
+            at="2026-12-02T00:00:00+00:00",
+        ).model_dump(),
+    )
+    (home / "gpus.json").unlink()
+    with store.transaction() as session:
+        assert session.scalar(select(func.count()).select_from(DecisionRow)) == 2
+        assert session.scalar(select(func.count()).select_from(HistoryRow)) == 3
+        assert session.scalar(select(func.count()).select_from(ImportRow)) == 4
+    assert {c.holder for c in gpus.ledger().claims} == {"stable", "canary"}
+    assert not [r for r in caplog.records if "imported" in r.getMessage()]
+
+
+def test_a_home_imported_before_the_stores_moved_imports_their_files_once(record_url, home, caplog):
+    old_home(home)
+    with store.transaction() as session:
+        # The record as the release before this one left it: the registry, judgements and
+        # measurements imported under one mark, the GPU ledger never.
+        session.query(GpuClaimRow).delete()
+        session.query(ImportRow).filter(ImportRow.name != "json").delete()
+    # Meanwhile the old code went on writing its files: a new judgement, one judged again.
+    for n, verdict in (("9", "deployed"), ("1", "review rejected")):
+        judgement = Judgement(
+            key=n * 64,
+            repo_id="org/tiny",
+            commit=n * 40,
+            verdict=verdict,
+            summary="after the first import",
+            run_id=f"run-{n}b",
+            at="2026-12-02T00:00:00+00:00",
+        )
+        atomic_write_json(home / "judgements" / f"{n * 32}.json", judgement.model_dump())
+    caplog.set_level(logging.INFO, logger="llm_release.record")
+    store._engines.clear()  # a new process of the new release
+    with store.transaction() as session:
+        verdicts = {d.key[0]: (d.verdict, d.run_id) for d in session.query(DecisionRow)}
+        assert verdicts == {
+            "0": ("deployed", "run-0"),
+            "1": ("review rejected", "run-1b"),
+            "9": ("deployed", "run-9b"),
+        }
+        assert session.scalar(select(func.count()).select_from(HistoryRow)) == 3
+        assert session.scalar(select(func.count()).select_from(MeasurementRow)) == 1
+        assert {i.name for i in session.query(ImportRow)} == {
+            "json",
+            "judgements",
+            "measurements",
+            "gpus",
+        }
+    assert {c.holder: c.gpus for c in gpus.ledger().claims} == {"stable": [0], "candidate-x": [1]}
+    said = [r.getMessage() for r in caplog.records if "imported the JSON files" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "2 judgements, 0 measurements, 2 GPU claims, 1 unreadable skipped" in said[0]
+    assert "releases" not in said[0], "the registry is not imported twice"
+    # From now on the stores write the record: measured again, the newest stands.
+    result, run_id = measurements.find("f" * 64)
+    assert run_id == "run-0"
+    measurements.save(result, "run-2")
+    assert measurements.find("f" * 64) == (result, "run-2")
+
+
+def _read() -> RegistryState:
+    with store.transaction(write=False) as session:
+        return RegistryState.model_validate(read_state(session), context=STORED)
+
+
+def test_the_registry_state_round_trips_and_a_reader_never_waits_for_a_writer(record_url, home):
+    state = RegistryState(
+        router_port=8080,
+        stable=_release("baseline-aaaaaaaa", 8101),
+        canary=_release("fp8-bbbbbbbb", 8102),
+        canary_weight=5,
+        rollout=RolloutStatus(
+            release_id="fp8-bbbbbbbb", steps=[5, 100], weight=5, state="warming up"
+        ),
+    )
+    state.log("canary", release="fp8-bbbbbbbb", weight=5)
+    with store.transaction() as session:
+        store.lock_registry(session)
+        write_state(session, state.model_dump(mode="json"))
+    assert _read() == state
+
+    # The promotion in one write: the canary moves to the stable slot, the old stable
+    # keeps its row as replaced, the history gains one event. A reader meanwhile sees the
+    # state before it, at once (the writer holds its lock until told to commit).
+    promoted = _read()
+    promoted.stable, promoted.canary, promoted.canary_weight = promoted.canary, None, 0
+    promoted.log("promote", release="fp8-bbbbbbbb", replaced="baseline-aaaaaaaa")
+    written, commit = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with store.transaction() as session:
+            store.lock_registry(session)
+            write_state(session, promoted.model_dump(mode="json"))
+            written.set()
+            commit.wait(30)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert written.wait(30)
+        started = time.monotonic()
+        assert _read() == state
+        assert time.monotonic() - started < 5
+    finally:
+        commit.set()
+        thread.join(30)
+    assert _read() == promoted
+    with store.transaction(write=False) as session:
+        states = {r.release_id: r.state for r in session.execute(select(ReleaseRow)).scalars()}
+    assert states == {"baseline-aaaaaaaa": "replaced", "fp8-bbbbbbbb": "stable"}
+    assert [e["event"] for e in _read().history] == ["canary", "promote"]
+
+
+def _writer(slot: str, release_id: str, start_at: float, hold_s: float) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    return subprocess.Popen(
+        [sys.executable, str(WRITER), slot, release_id, str(start_at), str(hold_s)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.postgres
+def test_two_processes_racing_for_the_canary_slot_have_one_winner(home, postgres_url, monkeypatch):
+    monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", postgres_url)
+    store.migrate(store.create(postgres_url))
+    start_at = time.time() + 3  # both imported and connected by then (about 1 s each)
+    racers = {rid: _writer("canary", rid, start_at, 1.0) for rid in ("fp8-one", "awq-two")}
+    results = {rid: (p.wait(60), *p.communicate()) for rid, p in racers.items()}
+    codes = sorted(rc for rc, _, _ in results.values())
+    assert codes == [0, 3], results
+    winner = next(rid for rid, (rc, _, _) in results.items() if rc == 0)
+    loser = next(rid for rid in results if rid != winner)
+    committed = float(results[winner][1].split("COMMITTED ")[1].split()[0])
+    refused_line = results[loser][1].split("REFUSED ")[1]
+    refused = float(refused_line.split()[0])
+    assert f"the canary slot is already held by release {winner}" in refused_line
+    assert "how to fix" in refused_line
+    # The loser waited on the winner's row lock (held 1 s), then saw its release.
+    assert refused >= committed - 0.05, (committed, refused)
+    engine = store.create(postgres_url)
+    try:
+        with Session(engine) as session:
+            assert store.slots(session)["canary"].release_id == winner
+            assert session.get(ReleaseRow, loser) is None
+            assert [
+                h.details["release"] for h in session.execute(select(HistoryRow)).scalars()
+            ] == [winner]
+    finally:
+        engine.dispose()
+
+
+def _claimer(holder: str, hold_s: float) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    return subprocess.Popen(
+        [sys.executable, str(CLAIMER), holder, str(hold_s)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_two_processes_claiming_the_last_free_gpu_have_one_winner(record_url, home):
+    # GPU 0 is held by this (live) process; two claimers race for GPU 1. Each takes 0.5 s
+    # over every claim it reads, so without the ledger's lock both would read GPU 1 free.
+    assert gpus.claim("stable", ServingConfig(), [0, 1]) == [0]
+    racers = {holder: _claimer(holder, 0.5) for holder in ("fp8-one", "awq-two")}
+    try:
+        for holder, racer in racers.items():
+            line = racer.stdout.readline()
+            assert line.strip() == "READY", (holder, line, racer.stderr.read())
+        for racer in racers.values():
+            racer.stdin.write("go\n")
+            racer.stdin.flush()
+        said = {holder: racer.stdout.readline().split(" ", 2) for holder, racer in racers.items()}
+    finally:
+        for racer in racers.values():
+            racer.stdin.close()  # the winner holds its claim until here
+    codes = {holder: racer.wait(60) for holder, racer in racers.items()}
+    assert sorted(codes.values()) == [0, 3], (said, [r.stderr.read() for r in racers.values()])
+    winner = next(holder for holder, code in codes.items() if code == 0)
+    loser = next(holder for holder in codes if holder != winner)
+    assert said[winner][0] == "CLAIMED" and said[winner][2].strip() == "[1]"
+    assert said[loser][0] == "REFUSED"
+    assert f"GPU 0: stable, GPU 1: {winner}" in said[loser][2]
+    # The loser waited on the winner's lock, then saw its claim.
+    assert float(said[loser][1]) >= float(said[winner][1]) - 0.05, said
+    assert {c.holder: c.gpus for c in gpus.ledger().claims} == {"stable": [0], winner: [1]}
+    with pytest.raises(ServeError, match="0 free"):
+        gpus.claim("third", ServingConfig(), [0, 1], alive=lambda c: True)
+
+
+def test_a_writer_killed_mid_transaction_leaves_the_record_consistent(record_url, home):
+    store.migrate(store.create(record_url))
+    writer = _writer("stable", "baseline-killed", 0, 600)
+    line = writer.stdout.readline()
+    assert line.strip() == "IN", (line, writer.stderr.read() if writer.poll() is not None else "")
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(10)
+    # Nothing of the dead transaction is there, and its locks went with it: the next
+    # writer takes the slot at once.
+    with store.transaction() as session:
+        assert store.slots(session) == {"stable": None, "canary": None}
+        assert session.get(ReleaseRow, "baseline-killed") is None
+        assert session.scalar(select(func.count()).select_from(HistoryRow)) == 0
+    done = _writer("stable", "baseline-next", 0, 0)
+    assert done.wait(60) == 0, done.communicate()
+    with store.transaction() as session:
+        assert store.slots(session)["stable"].release_id == "baseline-next"
+        assert session.get(ReleaseRow, "baseline-next").state == "stable"

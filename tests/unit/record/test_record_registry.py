@@ -1,0 +1,67 @@
+"""The registry on the record (SQLite under the test's home): what is saved loads back
+whole, a block that raises in ``locked()`` leaves the record as it was, and a row that no
+longer validates is refused in one line naming the record."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import update
+
+from llm_release import registry
+from llm_release.config import ServingConfig
+from llm_release.errors import StateError
+from llm_release.record import store
+from llm_release.record.schema import ReleaseRow
+from llm_release.registry import RegistryState, Release
+
+
+def _release(release_id: str) -> Release:
+    return Release(
+        release_id=release_id,
+        candidate="baseline",
+        scheme="unquantized",
+        repo_id="a/b",
+        commit="a" * 40,
+        model_dir="/m",
+        public_name="b",
+        port=9001,
+        log_path="/l",
+        serving=ServingConfig(max_model_len=1024),
+    )
+
+
+def test_the_registry_keeps_its_api_on_the_record(home):
+    state = RegistryState(router_port=8080, stable=_release("baseline-1"))
+    state.log("stable", release="baseline-1")
+    registry.save(state)
+    assert registry.load() == state
+    assert (home / "record.db").is_file() and not registry.registry_path().exists()
+
+    with pytest.raises(RuntimeError), registry.locked() as current:
+        current.canary = _release("fp8-2")
+        current.canary_weight = 5
+        current.log("canary", release="fp8-2", weight=5)
+        raise RuntimeError("the canary did not start")
+    assert registry.load() == state
+
+    with registry.locked() as current:
+        current.canary, current.canary_weight = _release("fp8-2"), 5
+        current.log("canary", release="fp8-2", weight=5)
+    after = registry.load()
+    assert after.canary.release_id == "fp8-2" and [e["event"] for e in after.history] == [
+        "stable",
+        "canary",
+    ]
+
+
+def test_a_row_that_does_not_validate_is_refused_in_one_line(home):
+    registry.save(RegistryState(stable=_release("baseline-1")))
+    with store.transaction() as session:
+        session.execute(update(ReleaseRow).values(serving={"max_model_len": "many"}))
+    with pytest.raises(
+        StateError, match="the release registry in the record .* is corrupt"
+    ) as caught:
+        registry.load()
+    assert "\n" not in caught.value.one_line()
+    with store.transaction() as session:  # the home fixture's teardown reads the registry
+        session.execute(update(ReleaseRow).values(serving={}))

@@ -1,0 +1,92 @@
+"""A server whose picked port is taken before it binds starts again on a new pick; a given
+port, or another failure, is reported as it is. (The real vLLM case:
+tests/integration/test_serve_failure.py.)"""
+
+from pathlib import Path
+
+import pytest
+
+from llm_release.config import ServingConfig
+from llm_release.errors import ServeError
+from llm_release.serving import serve
+from llm_release.serving.serve import Endpoint, Server
+
+VLLM_TAKEN = "OSError: [Errno 98] Address already in use"
+DOCKER_TAKEN = (
+    "the Docker daemon refused llmr-x: driver failed programming external connectivity on "
+    "endpoint llmr-x: Bind for 127.0.0.1:23456 failed: port is already allocated"
+)
+
+
+class ScriptedServer(Server):
+    """Each start fails with the next scripted error (None: it comes up)."""
+
+    def __init__(self, tmp_path: Path, failures: list[str | None], *, port: int | None = None):
+        super().__init__(tmp_path, ["m"], ServingConfig(), tmp_path / "vllm.log", port=port)
+        self.failures = list(failures)
+        self.ports: list[int] = []
+        self.stops = 0
+
+    def start(self) -> Endpoint:
+        self.ports.append(self.port)
+        self.started = True
+        return self.endpoint()
+
+    def wait_healthy(self, timeout_s: float | None = None) -> Endpoint:
+        failure = self.failures.pop(0)
+        if failure is not None:
+            raise ServeError(
+                "vLLM for m exited with code 1 before it was healthy", log_tail=failure
+            )
+        return self.endpoint()
+
+    def exit_code(self) -> int | None:
+        return None
+
+    def stop(self, grace_s: float = 20) -> None:
+        self.stops += 1
+
+
+@pytest.fixture()
+def picks(monkeypatch):
+    ports = iter(range(21000, 21100))
+    monkeypatch.setattr(serve, "free_port", lambda **_: next(ports))
+
+
+def test_a_picked_port_taken_at_bind_is_picked_again(tmp_path, picks):
+    server = ScriptedServer(tmp_path, [VLLM_TAKEN, DOCKER_TAKEN, None])
+    endpoint = server.start_healthy()
+    assert server.ports == [21000, 21001, 21002]
+    assert endpoint.port == 21002 and endpoint.base_url.endswith(":21002")
+    assert server.stops == 2, "each failed start is stopped before the next"
+
+
+def test_picking_again_stops_after_the_retries_with_the_last_error(tmp_path, picks):
+    server = ScriptedServer(tmp_path, [VLLM_TAKEN] * (serve.PORT_RETRIES + 2))
+    with pytest.raises(ServeError, match="Address already in use"):
+        server.start_healthy()
+    assert len(server.ports) == serve.PORT_RETRIES + 1
+
+
+def test_a_given_port_that_is_taken_is_the_callers_error(tmp_path, picks):
+    server = ScriptedServer(tmp_path, [VLLM_TAKEN, None], port=24000)
+    with pytest.raises(ServeError, match="Address already in use"):
+        server.start_healthy()
+    assert server.ports == [24000] and server.stops == 1
+
+
+def test_another_failure_is_not_retried(tmp_path, picks):
+    server = ScriptedServer(tmp_path, ["torch.OutOfMemoryError: CUDA out of memory", None])
+    with pytest.raises(ServeError, match="OutOfMemory"):
+        server.start_healthy()
+    assert server.ports == [21000]
+
+
+def test_the_diagnosis_reads_only_this_starts_output(tmp_path):
+    server = ScriptedServer(tmp_path, [])
+    server.log_path.write_text(f"first start\n{VLLM_TAKEN}\n")
+    server.mark_log_start()
+    with server.log_path.open("a") as fh:
+        fh.write("second start\ntorch.OutOfMemoryError: CUDA out of memory\n")
+    assert "second start" in server.log_text() and "first start" not in server.log_text()
+    assert "out of memory" in serve.diagnose(server.log_text())
