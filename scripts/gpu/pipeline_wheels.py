@@ -42,6 +42,9 @@ TOP = [
     "hpack",
     "hyperframe",  # httpx[http2], which GuideLLM asks for
     "regex==2026.11.19",  # answer_regex with a search timeout (llm_release.evaluation.metrics)
+    # the release record (llm_release.record): SQLite on the device, no psycopg
+    "SQLAlchemy==2.1.9",
+    "alembic==1.20.1",
 ]
 PLATFORMS = [
     "manylinux_2_17_x86_64",
