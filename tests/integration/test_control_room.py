@@ -185,7 +185,9 @@ def killed_slot(control) -> dict:
     return {"wall": time.time(), "active_after_kill": active_slots()}
 
 
-def test_killed_run_holds_its_slot_until_the_lease_expires(killed_slot):
+def test_killed_run_holds_its_slot_until_the_lease_expires(waiting_eval, killed_slot):
+    # waiting_eval first: the deployments exist before the kill, and eval-only is submitted
+    # right after it, inside the lease (LEASE_S), whatever the module's other tests take.
     assert killed_slot["active_after_kill"] == 1
 
 
