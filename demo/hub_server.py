@@ -184,6 +184,10 @@ class _Refused(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+def _too_large(limit: int) -> _Refused:
+    return _Refused(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "TooLarge", f"body over {limit} bytes")
+
+
 @dataclass
 class _Ticket:
     repo_id: str
@@ -317,16 +321,8 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                     return
                 total += size
                 if total > limit:
-                    raise _Refused(
-                        HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "TooLarge", f"body over {limit} bytes"
-                    )
-                remaining = size
-                while remaining:
-                    piece = self.rfile.read(min(remaining, 1 << 20))
-                    if not piece:
-                        raise _Refused(HTTPStatus.BAD_REQUEST, "BadRequest", "body cut short")
-                    remaining -= len(piece)
-                    yield piece
+                    raise _too_large(limit)
+                yield from self._exactly(size)
                 self.rfile.readline(16)
         try:
             length = int(self.headers.get("Content-Length", ""))
@@ -335,10 +331,12 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 HTTPStatus.LENGTH_REQUIRED, "LengthRequired", "a body needs Content-Length"
             ) from None
         if length < 0 or length > limit:
-            raise _Refused(
-                HTTPStatus.REQUEST_ENTITY_TOO_LARGE, "TooLarge", f"body over {limit} bytes"
-            )
-        remaining = length
+            raise _too_large(limit)
+        yield from self._exactly(length)
+
+    def _exactly(self, size: int):
+        """``size`` bytes of the body in pieces of at most 1 MiB; refused when it ends sooner."""
+        remaining = size
         while remaining:
             piece = self.rfile.read(min(remaining, 1 << 20))
             if not piece:
