@@ -538,25 +538,11 @@ class VllmServer(Server):
         self._claim_gpus()
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
-        self.mark_log_start()
         try:
-            with self.log_path.open("ab") as log:
-                log.write(f"$ {' '.join(cmd)}\n".encode())
-                log.flush()
-                # Own session: the whole process tree can be signalled, and it outlives the
-                # caller when a release keeps it running behind the router.
-                self.process = subprocess.Popen(
-                    cmd,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,
-                )
+            self._launch(cmd, env)
         except BaseException:
             self._give_back_gpus()
             raise
-        self.started = True
         if self.gpus:
             from llm_release.serving import gpus
 
@@ -566,6 +552,24 @@ class VllmServer(Server):
                 pid_started=processes.start_time(self.process.pid),
             )
         return self.endpoint()
+
+    def _launch(self, command: list[str], env: dict[str, str]) -> None:
+        """Start vLLM itself (a supervised server starts its supervisor here instead)."""
+        self.mark_log_start()
+        with self.log_path.open("ab") as log:
+            log.write(f"$ {' '.join(command)}\n".encode())
+            log.flush()
+            # Own session: the whole process tree can be signalled, and it outlives the
+            # caller when a release keeps it running behind the router.
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        self.started = True
 
     def exit_code(self) -> int | None:
         return self.process.poll() if self.process is not None else None

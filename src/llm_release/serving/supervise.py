@@ -44,10 +44,7 @@ from llm_release.serving import processes
 from llm_release.serving.serve import (
     Endpoint,
     VllmServer,
-    build_command,
     free_port,
-    has_cuda,
-    server_env,
     stop_process_group,
 )
 from llm_release.settings import settings
@@ -471,36 +468,6 @@ class SupervisedServer(VllmServer):
         endpoint = super().endpoint()
         endpoint.supervisor_port = self.supervisor_port
         return endpoint
-
-    def start(self) -> Endpoint:
-        python = paths.vllm_python()
-        if not python.exists():
-            raise ServeError(
-                f"the serving virtualenv's python {python} does not exist",
-                hint="run 'make setup' to create .venv-vllm, or set LLM_RELEASE_VLLM_PYTHON",
-            )
-        self._prepare()
-        cmd = build_command(
-            python, self.model_dir, self.port, self.served_names, self.serving, cuda=has_cuda()
-        )
-        env = server_env(self.serving, self.owner.role)
-        self._claim_gpus()
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
-        try:
-            self._launch(cmd, env)
-        except BaseException:
-            self._give_back_gpus()
-            raise
-        if self.gpus:
-            from llm_release.serving import gpus
-
-            gpus.bind(
-                self.gpu_holder,
-                pid=self.process.pid,
-                pid_started=processes.start_time(self.process.pid),
-            )
-        return self.endpoint()
 
     def _launch(self, command: list[str], env: dict[str, str]) -> None:
         self.supervisor_port = free_port()
