@@ -212,12 +212,12 @@ def test_up_brings_the_recorded_releases_back_behind_the_router_with_their_weigh
     HAProxy, the canary at its recorded weight; stand-in servers instead of vLLM."""
     from llm_release.canary import promote
     from llm_release.results import DeployTarget
-    from llm_release.serving import supervise
+    from llm_release.serving import serve
 
     record = home / "fake.pids"
     monkeypatch.setenv("LLM_RELEASE_VLLM_PYTHON", sys.executable)
     monkeypatch.setattr(
-        supervise,
+        serve,
         "build_command",
         lambda python, model_dir, port, *a, **k: [
             sys.executable,
