@@ -138,13 +138,13 @@ def test_release_end_to_end(
                     },
                 ],
                 "serving": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
-                "evaluation": {"limit": 8},
+                "evaluation": {"limit": 4},
                 # The canary stays at its first step for the manual override below; the
                 # progressive walk has its own test (tests/e2e/test_canary_e2e.py).
                 "rollout": {"mode": "hold"},
                 "load": {
                     "concurrencies": [1, 2],
-                    "requests_per_level": 4,
+                    "requests_per_level": 2,
                     "prompt_tokens": 32,
                     "output_tokens": 8,
                 },
@@ -172,9 +172,9 @@ def test_release_end_to_end(
             continue
         assert r["status"] == "measured", r["error"]
         assert [e["eval_set"] for e in r["evals"]] == ["manufacturing_kb", "refusal_kb"]
-        assert all(e["num_items"] == 8 and len(e["items"]) == 8 for e in r["evals"])
+        assert all(e["num_items"] == 4 and len(e["items"]) == 4 for e in r["evals"])
         assert [lv["concurrency"] for lv in r["load"]["levels"]] == [1, 2]
-        assert all(lv["requests"] == 4 and lv["ttft_p95_ms"] > 0 for lv in r["load"]["levels"])
+        assert all(lv["requests"] == 2 and lv["ttft_p95_ms"] > 0 for lv in r["load"]["levels"])
     runs = prefect_task_runs(final.state_details.flow_run_id)
     assert final.is_completed()
     if results["broken"]["status"] == "skipped":
@@ -252,10 +252,10 @@ def test_release_end_to_end(
         "serving": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8},
         # The first release's evaluation and load: the champion's measurement is reused
         # (the same model, items, load and serving), only the new commit is measured.
-        "evaluation": {"limit": 8},
+        "evaluation": {"limit": 4},
         "load": {
             "concurrencies": [1, 2],
-            "requests_per_level": 4,
+            "requests_per_level": 2,
             "prompt_tokens": 32,
             "output_tokens": 8,
         },
