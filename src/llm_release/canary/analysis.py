@@ -304,7 +304,7 @@ def quality_check(score: SliceScore) -> CheckResult:
         name=score.slice,
         canary=score.canary,
         stable=score.stable,
-        rule=f"canary >= stable - {score.max_drop:g} (paired, interval above 0 to fail)",
+        rule=f"canary >= stable - {score.max_drop:g} (paired; beyond it with the interval above 0 fails)",
         outcome=score.outcome,
         reason=score.reason,
     )

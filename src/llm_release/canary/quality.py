@@ -16,8 +16,9 @@ critical slice of the eval sets compares the two.
   one tag), with the set's ``max_drop``. Over the items both releases answered, the drop is
   the stable's mean minus the canary's (paired, with the set's bootstrap confidence). It
   fails when the drop exceeds the margin and its interval lies above zero: a handful of
-  items cannot fail a release by the luck of the draw, a broken one fails at once. Fewer
-  than ``quality_probe_min_items`` items answered by both: inconclusive.
+  items cannot fail a release by the luck of the draw, a broken one fails at once. A drop
+  beyond the margin within noise is inconclusive, never a pass (the same items come back
+  every window); so are fewer than ``quality_probe_min_items`` items answered by both.
 
 The sending (``send_probes``) goes through the load balancer with ``router.PIN_HEADER``, so
 the probes take the path users take, and HAProxy counts them apart (backend ``probes``).
@@ -284,8 +285,17 @@ def judge_slice(
         f"canary {c.mean():.3f}, stable {s.mean():.3f} on {len(both)} items: "
         f"drop {drop:+.3f} [{low:+.3f}, {high:+.3f}]"
     )
+    # Beyond the margin and beyond noise fails. Beyond the margin but within noise cannot
+    # pass: the probes are the same items every window (temperature 0), so a canary that
+    # lost some of them would lose them again in every window and pass them all.
     if drop > slice_.max_drop + EPS and low > EPS:
         outcome, reason = "fail", f"{scores} exceeds the margin {slice_.max_drop:g}"
+    elif drop > slice_.max_drop + EPS:
+        outcome = "inconclusive"
+        reason = (
+            f"{scores} exceeds the margin {slice_.max_drop:g}, but its interval reaches 0: "
+            f"{len(both)} items cannot tell the drop from noise"
+        )
     else:
         outcome, reason = "pass", f"{scores} within the margin {slice_.max_drop:g}"
     return SliceScore(

@@ -98,8 +98,9 @@ def test_a_canary_that_stopped_refusing_fails_with_its_numbers(probe_set):
     assert scores["quality manufacturing_kb numeric_match"].outcome == "pass"
 
 
-def test_a_drop_within_the_margin_or_not_beyond_noise_passes(probe_set):
-    # One refusal item of eight lost: 0.125 > 0.10 but its interval reaches 0: not a fail.
+def test_a_drop_beyond_the_margin_within_noise_is_inconclusive_never_a_pass(probe_set):
+    # One refusal item of eight lost: 0.125 > 0.10 but its interval reaches 0: not a fail,
+    # and not a pass either (the same item is lost again in every window).
     lost = [i.key for i in probe_set.items if i.eval_set == "refusal_kb"][0]
 
     def one_worse(item):
@@ -108,8 +109,31 @@ def test_a_drop_within_the_margin_or_not_beyond_noise_passes(probe_set):
     refusal = by_slice(quality.judge(probe_set, run(probe_set, canary=one_worse), min_items=6))[
         "quality refusal_kb refusal"
     ]
-    assert refusal.outcome == "pass" and refusal.drop == pytest.approx(0.125)
+    assert refusal.outcome == "inconclusive" and refusal.drop == pytest.approx(0.125)
     assert refusal.ci_low <= 0
+    assert "exceeds the margin 0.1, but its interval reaches 0" in refusal.reason
+
+
+def test_a_drop_within_the_margin_passes(probe_set):
+    # The margin widened to 0.2: one lost item of eight (0.125) is within it.
+    lost = [i.key for i in probe_set.items if i.eval_set == "refusal_kb"][0]
+    wide = probe_set.model_copy(
+        update={
+            "slices": [
+                s.model_copy(update={"max_drop": 0.2}) if s.eval_set == "refusal_kb" else s
+                for s in probe_set.slices
+            ]
+        }
+    )
+
+    def one_worse(item):
+        return INVENTED if item.key == lost else reference(item)
+
+    refusal = by_slice(quality.judge(wide, run(wide, canary=one_worse), min_items=6))[
+        "quality refusal_kb refusal"
+    ]
+    assert refusal.outcome == "pass" and refusal.drop == pytest.approx(0.125)
+    assert "within the margin 0.2" in refusal.reason
 
 
 def test_a_better_canary_passes(probe_set):
