@@ -1,28 +1,26 @@
 """A writer of the release record in a process of its own (used by
-tests/integration/test_record_postgres.py): two of them race for one router slot, or one
-is killed in the middle of its transaction.
+tests/integration/test_record_postgres.py), killed in the middle of its transaction.
 
-    python tests/record_writer.py SLOT RELEASE_ID START_AT HOLD_S
+    python tests/record_writer.py RELEASE_ID HOLD_S
 
-Opens the record (LLM_RELEASE_DATABASE_URL), waits until the Unix time START_AT, then in
-one transaction puts a new release in SLOT and logs it in the history, prints ``IN``, holds
-the transaction HOLD_S seconds and commits (``COMMITTED <time>``); a refusal prints
-``REFUSED <time> <error>`` and exits 3.
+Writes through the registry's own path (``registry.locked()``: the registry's row locked,
+the state read, changed and written by ``record.state.write_state``): RELEASE_ID becomes
+the stable release and the history logs it. After the write, before the commit, it prints
+``IN`` and holds the transaction HOLD_S seconds, then commits (``COMMITTED``).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from datetime import UTC, datetime
 
-from llm_release.errors import ReleaseError
+from llm_release import registry
+from llm_release.config import ServingConfig
 from llm_release.record import store
-from llm_release.record.schema import HistoryRow, ReleaseRow
 
 
-def new_release(release_id: str) -> ReleaseRow:
-    return ReleaseRow(
+def new_release(release_id: str) -> registry.Release:
+    return registry.Release(
         release_id=release_id,
         candidate="fp8",
         scheme="FP8_DYNAMIC",
@@ -32,31 +30,27 @@ def new_release(release_id: str) -> ReleaseRow:
         public_name="tiny",
         port=8100,
         log_path=f"/srv/logs/{release_id}.log",
-        serving={"max_model_len": 2048},
-        started_at=datetime.now(UTC).isoformat(),
+        serving=ServingConfig(max_model_len=2048),
     )
 
 
-def main(slot: str, release_id: str, start_at: float, hold_s: float) -> int:
-    store.engine()  # migrated and connected before the race starts
-    time.sleep(max(0.0, start_at - time.time()))
-    try:
-        with store.transaction() as session:
-            store.take_slot(session, slot, new_release(release_id))
-            session.add(
-                HistoryRow(
-                    at=datetime.now(UTC).isoformat(), event=slot, details={"release": release_id}
-                )
-            )
-            session.flush()
-            print("IN", flush=True)
-            time.sleep(hold_s)
-    except ReleaseError as exc:
-        print(f"REFUSED {time.time():.3f} {exc.one_line()}", flush=True)
-        return 3
-    print(f"COMMITTED {time.time():.3f}", flush=True)
+def main(release_id: str, hold_s: float) -> int:
+    store.engine()  # migrated and connected first
+    written = registry.write_state
+
+    def write_then_hold(session, state) -> None:
+        written(session, state)
+        session.flush()  # the rows are in the database's transaction, not yet committed
+        print("IN", flush=True)
+        time.sleep(hold_s)
+
+    registry.write_state = write_then_hold
+    with registry.locked() as state:
+        state.stable = new_release(release_id)
+        state.log("stable", release=release_id)
+    print("COMMITTED", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))
+    sys.exit(main(sys.argv[1], float(sys.argv[2])))

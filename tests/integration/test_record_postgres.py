@@ -1,9 +1,9 @@
 """The release record against real databases: the SQLite file of the default and a real
 PostgreSQL server (tests/pg.py). The first start on a home with the old JSON files imports
 every release, judgement, measurement and GPU claim once (a home imported before the stores
-moved onto the record imports their files then); two processes racing for one router slot
-on PostgreSQL have exactly one winner, and two claiming the last free GPU too; a writer
-killed mid-transaction leaves nothing."""
+moved onto the record imports their files then); two 'canary promote' processes racing on
+PostgreSQL have exactly one winner, and two claiming the last free GPU too; a writer killed
+mid-transaction leaves nothing."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from llm_release import registry
 from llm_release.config import STORED, ServingConfig
 from llm_release.decision import measurements
 from llm_release.decision.decisions import Judgement
@@ -294,10 +295,10 @@ def test_the_registry_state_round_trips_and_a_reader_never_waits_for_a_writer(re
     assert [e["event"] for e in _read().history] == ["canary", "promote"]
 
 
-def _writer(slot: str, release_id: str, start_at: float, hold_s: float) -> subprocess.Popen:
+def _writer(release_id: str, hold_s: float) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     return subprocess.Popen(
-        [sys.executable, str(WRITER), slot, release_id, str(start_at), str(hold_s)],
+        [sys.executable, str(WRITER), release_id, str(hold_s)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -305,34 +306,68 @@ def _writer(slot: str, release_id: str, start_at: float, hold_s: float) -> subpr
     )
 
 
+def _waiting_on_a_lock(engine) -> int:
+    with engine.connect() as connection:
+        return connection.scalar(
+            text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+        )
+
+
 @pytest.mark.postgres
-def test_two_processes_racing_for_the_canary_slot_have_one_winner(home, postgres_url, monkeypatch):
+def test_two_promotes_racing_on_postgresql_have_one_winner(home, postgres_url, monkeypatch):
+    # Two 'llm-release canary promote' processes, the real CLI and promote path. The test
+    # holds the registry's row lock until both are waiting on it, so they surely race.
     monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", postgres_url)
-    store.migrate(store.create(postgres_url))
-    start_at = time.time() + 3  # both imported and connected by then (about 1 s each)
-    racers = {rid: _writer("canary", rid, start_at, 1.0) for rid in ("fp8-one", "awq-two")}
-    results = {rid: (p.wait(60), *p.communicate()) for rid, p in racers.items()}
-    codes = sorted(rc for rc, _, _ in results.values())
-    assert codes == [0, 3], results
-    winner = next(rid for rid, (rc, _, _) in results.items() if rc == 0)
-    loser = next(rid for rid in results if rid != winner)
-    committed = float(results[winner][1].split("COMMITTED ")[1].split()[0])
-    refused_line = results[loser][1].split("REFUSED ")[1]
-    refused = float(refused_line.split()[0])
-    assert f"the canary slot is already held by release {winner}" in refused_line
-    assert "how to fix" in refused_line
-    # The loser waited on the winner's row lock (held 1 s), then saw its release.
-    assert refused >= committed - 0.05, (committed, refused)
+    state = RegistryState(
+        router_port=8080,
+        stable=_release("baseline-aaaaaaaa", 8101),
+        canary=_release("fp8-bbbbbbbb", 8102),
+        canary_weight=50,
+    )
+    state.log("canary", release="fp8-bbbbbbbb", weight=50)
+    registry.save(state)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    command = [sys.executable, "-m", "llm_release.cli", "canary", "promote"]
     engine = store.create(postgres_url)
     try:
-        with Session(engine) as session:
-            assert store.slots(session)["canary"].release_id == winner
-            assert session.get(ReleaseRow, loser) is None
-            assert [
-                h.details["release"] for h in session.execute(select(HistoryRow)).scalars()
-            ] == [winner]
+        with Session(engine) as holder:
+            store.lock_registry(holder)
+            racers = [
+                subprocess.Popen(
+                    command + ["--drain-timeout", "5"],
+                    env=env,
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                for _ in range(2)
+            ]
+            deadline = time.monotonic() + 120
+            while _waiting_on_a_lock(engine) < 2:
+                assert time.monotonic() < deadline, [r.poll() for r in racers]
+                assert all(r.poll() is None for r in racers), [r.communicate() for r in racers]
+                time.sleep(0.2)
+            holder.rollback()  # both are waiting: let them go
+        results = [(r.wait(120), *r.communicate()) for r in racers]
     finally:
         engine.dispose()
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes == [0, 2], results
+    won = next(out for rc, out, _ in results if rc == 0)
+    lost = next(err for rc, _, err in results if rc == 2)
+    assert "promoted fp8-bbbbbbbb: it is now stable at 100%" in won
+    assert "there is no canary to promote" in lost and "how to fix" in lost, lost
+    # The record agrees with the winner, once: the old stable replaced, one promote event.
+    after = _read()
+    assert after.stable.release_id == "fp8-bbbbbbbb" and after.canary is None
+    assert after.canary_weight == 0
+    assert [e["event"] for e in after.history] == ["canary", "promote"]
+    with store.transaction(write=False) as session:
+        states = {r.release_id: r.state for r in session.execute(select(ReleaseRow)).scalars()}
+    assert states == {"baseline-aaaaaaaa": "replaced", "fp8-bbbbbbbb": "stable"}
 
 
 def _claimer(holder: str, hold_s: float) -> subprocess.Popen:
@@ -379,19 +414,21 @@ def test_two_processes_claiming_the_last_free_gpu_have_one_winner(record_url, ho
 
 def test_a_writer_killed_mid_transaction_leaves_the_record_consistent(record_url, home):
     store.migrate(store.create(record_url))
-    writer = _writer("stable", "baseline-killed", 0, 600)
+    writer = _writer("baseline-killed", 600)
     line = writer.stdout.readline()
     assert line.strip() == "IN", (line, writer.stderr.read() if writer.poll() is not None else "")
     writer.send_signal(signal.SIGKILL)
     writer.wait(10)
-    # Nothing of the dead transaction is there, and its locks went with it: the next
-    # writer takes the slot at once.
+    # Nothing of the dead transaction is there, though its rows were written (flushed),
+    # and its locks went with it: the next writer takes the registry at once.
     with store.transaction() as session:
         assert store.slots(session) == {"stable": None, "canary": None}
         assert session.get(ReleaseRow, "baseline-killed") is None
         assert session.scalar(select(func.count()).select_from(HistoryRow)) == 0
-    done = _writer("stable", "baseline-next", 0, 0)
+    done = _writer("baseline-next", 0)
     assert done.wait(60) == 0, done.communicate()
+    assert done.stdout.read().split() == ["IN", "COMMITTED"]
     with store.transaction() as session:
         assert store.slots(session)["stable"].release_id == "baseline-next"
         assert session.get(ReleaseRow, "baseline-next").state == "stable"
+    assert [(e["event"], e["release"]) for e in _read().history] == [("stable", "baseline-next")]

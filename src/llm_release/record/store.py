@@ -3,9 +3,9 @@ under the project home), brought to the newest schema at first use in a process 
 ``migrations/``) with the one-time import of the old JSON files in the same transaction,
 and transactions that serialize writers in the database itself.
 
-Writers take turns by row locks: ``lock_registry`` and ``take_slot`` read their row with
-``SELECT ... FOR UPDATE`` on PostgreSQL, so a second writer waits for the first to commit
-and then sees what it wrote. SQLite has no row locks: every transaction there begins with
+Writers take turns by row locks: ``lock_registry`` reads the registry's row with
+``SELECT ... FOR UPDATE`` on PostgreSQL, so a second writer (a second promote, say) waits
+for the first to commit and then sees what it wrote. SQLite has no row locks: every transaction there begins with
 ``BEGIN IMMEDIATE`` (the database's write lock), which serializes the same way on one host.
 A writer that dies mid-transaction leaves nothing: the database rolls it back.
 
@@ -37,7 +37,6 @@ from llm_release import paths
 from llm_release.errors import StateError
 from llm_release.record import legacy
 from llm_release.record.schema import (
-    SLOTS,
     Base,
     GpuClaimRow,
     ImportRow,
@@ -252,46 +251,6 @@ def lock_gpu_claims(session: Session) -> list[GpuClaimRow]:
     if session.get_bind().dialect.name == "postgresql":
         session.execute(text(f"LOCK TABLE {GpuClaimRow.__tablename__} IN EXCLUSIVE MODE"))
     return list(session.execute(select(GpuClaimRow).order_by(GpuClaimRow.holder)).scalars())
-
-
-def take_slot(
-    session: Session, slot: str, release: ReleaseRow, *, replacing: str | None = None
-) -> ReleaseRow:
-    """Put ``release`` in the router slot ``slot`` (stable or canary). The slot's row is
-    locked first: a second writer waits, then finds the slot taken and gets a StateError
-    (unless the release there is ``replacing``, the one this writer means to replace)."""
-    if slot not in SLOTS:
-        raise StateError(f"no router slot {slot!r}", hint=f"one of {', '.join(SLOTS)}")
-    row = session.execute(
-        select(SlotRow).where(SlotRow.name == slot).with_for_update()
-    ).scalar_one()
-    if row.release_id not in (None, release.release_id, replacing):
-        raise StateError(
-            f"the {slot} slot is already held by release {row.release_id}; "
-            f"{release.release_id} was not put there",
-            hint="another process changed the release first: 'llm-release canary status' "
-            "shows what serves now; promote or roll back the canary before a new one",
-        )
-    release.state = slot
-    merged = session.merge(release)
-    row.release_id = merged.release_id
-    session.flush()
-    return merged
-
-
-def leave_slot(session: Session, slot: str, state: str) -> ReleaseRow | None:
-    """Empty ``slot``; its release (if any) gets ``state`` (replaced, rolled back, stopped)."""
-    row = session.execute(
-        select(SlotRow).where(SlotRow.name == slot).with_for_update()
-    ).scalar_one()
-    if row.release_id is None:
-        return None
-    release = session.get(ReleaseRow, row.release_id)
-    row.release_id = None
-    if release is not None:
-        release.state = state
-    session.flush()
-    return release
 
 
 def slots(session: Session) -> dict[str, ReleaseRow | None]:
