@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -672,12 +673,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def say_record_notices() -> None:
+    """The record's notices (the one-time import of the old JSON files, a file it could
+    not read) reach the operator on stderr: Python prints no INFO line of a library by
+    itself. Once per process; a host program's own logging config is left alone."""
+    notices = logging.getLogger("llm_release.record")
+    if notices.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    notices.addHandler(handler)
+    notices.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Errors are one line on stderr saying what is wrong and how to fix it, exit code 2
     (1 for an unexpected error, which is a bug); the traceback only with --debug."""
     from pydantic import ValidationError
 
     args = build_parser().parse_args(argv)
+    say_record_notices()
     try:
         return args.func(args) or 0
     except ReleaseError as exc:

@@ -194,6 +194,25 @@ def test_the_first_start_imports_every_release_and_decision_once(record_url, hom
     assert not [r for r in caplog.records if "imported" in r.getMessage()]
 
 
+def test_the_cli_says_so_on_stderr_when_its_first_start_imports(home, monkeypatch):
+    # A bare 'llm-release' command is the first start: the import's one line reaches the
+    # operator (Python alone prints no INFO line); the second command says nothing of it.
+    monkeypatch.delenv("LLM_RELEASE_DATABASE_URL", raising=False)
+    old_home(home)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    command = [sys.executable, "-m", "llm_release.cli", "history", "--json"]
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    said = [line for line in first.stderr.splitlines() if "imported the JSON files" in line]
+    assert len(said) == 1, first.stderr
+    assert f"record: imported the JSON files of {home}" in said[0]
+    assert "2 releases, 3 history events" in said[0] and "stay as they were" in said[0]
+    assert "fp8-bbbbbbbb" in first.stdout
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "imported" not in again.stderr, again.stderr
+
+
 def test_a_home_imported_before_the_stores_moved_imports_their_files_once(record_url, home, caplog):
     old_home(home)
     with store.transaction() as session:
