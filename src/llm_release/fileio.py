@@ -67,6 +67,17 @@ def sha256_file(path: Path) -> str:
     return _hash_file(path, hashlib.sha256()).hexdigest()
 
 
+def folder_sha256(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Each regular file under ``folder`` (relative POSIX path, links not followed) with its
+    SHA-256, in path order; names in ``skip`` (at any depth) left out."""
+    folder = Path(folder)
+    return {
+        p.relative_to(folder).as_posix(): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not p.is_symlink() and p.name not in skip
+    }
+
+
 def git_blob_hasher(size: int):
     """A SHA-1 primed with git's header for a blob of ``size`` bytes: fed those bytes, its
     hex digest is their git blob id."""

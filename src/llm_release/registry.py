@@ -25,6 +25,23 @@ from llm_release.record import store
 from llm_release.record.state import read_releases, read_state, write_state
 
 
+class Origin(BaseModel):
+    """Where a release's served folder came from, recorded when it is deployed, so the
+    record answers it after the worker's disk is gone: the quantization record's recipe,
+    calibration set and fingerprint and cache key (none for an upstream folder), and each
+    file of the folder with its SHA-256 (``canary.publish.origin_of``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    recipe: dict = Field(default_factory=dict, description="the candidate's quantization recipe")
+    calibration_set: str | None = None
+    calibration_sha256: str | None = None
+    cache_key: str | None = Field(None, description="the quantization's content hash")
+    files: dict[str, str] = Field(
+        default_factory=dict, description="each file of the served folder -> its SHA-256"
+    )
+
+
 class Release(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,6 +65,9 @@ class Release(BaseModel):
     run_dir: str | None = None
     serving: ServingConfig
     started_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
+    origin: Origin | None = Field(
+        None, description="where the folder came from (None: deployed before it was recorded)"
+    )
 
 
 class RolloutStatus(BaseModel):

@@ -70,6 +70,9 @@ class ItemResult(Record):
 class EvalResult(Record):
     eval_set: str
     version: str | float | int | None = None
+    sha256: str | None = Field(
+        None, description="the set's fingerprint when evaluated (evalsets.fingerprint)"
+    )
     num_items: int
     metrics: dict[str, MetricScore]
     decoding: dict[str, object] = Field(default_factory=dict)

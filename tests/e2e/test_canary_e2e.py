@@ -338,6 +338,11 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     healthy_walk = lines[healthy_id]
     assert [(w.weight, w.verdict) for w in healthy_walk.windows] == verdicts, healthy_walk
     assert len(healthy_walk.approvals) == 1 and "person" in healthy_walk.approvals[0]
+    # Each step of the walk as a step: its weight, when it began, how it ended.
+    weights = [s.weight for s in healthy_walk.steps]
+    assert weights == sorted(weights) and {w for w, _ in verdicts} <= set(weights), weights
+    assert healthy_walk.steps[-1].outcome == "promoted", healthy_walk.steps
+    assert sum(len(s.windows) for s in healthy_walk.steps) == len(verdicts)
     assert "canary walk" not in healthy_walk.from_report + healthy_walk.missing
     assert states[faulty_id] == "rolled back" and states[deaf_id] == "rolled back", states
     assert states[healthy_id] == "stable", states

@@ -317,6 +317,10 @@ def test_release_end_to_end(
     assert first["run_id"] and first["decision"] and not first["missing"], first
     assert not first["from_report"], first  # the record holds it all
     assert first["scores"] and all(s["eval_set"] for s in first["scores"]), first
+    # Recorded at deploy: the served folder's files and hashes, and each eval set's own.
+    assert first["origin_recorded"] and first["artifact_sha256"], first
+    assert "config.json" in first["artifact_sha256"], first["artifact_sha256"]
+    assert all(len(s["eval_set_sha256"] or "") == 64 for s in first["scores"]), first
     rolled = [r for r in lineage.values() if r["state"] == "rolled back"]
     assert [r["upstream_commit"] for r in rolled] == [new_commit], lineage
     assert any(e["event"] == "rollback" for e in rolled[0]["events"])

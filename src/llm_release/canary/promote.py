@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths, registry, safety
 from llm_release.canary import alertmanager, prometheus
+from llm_release.canary.publish import origin_of
 from llm_release.canary.router import Router, SlotTarget
 from llm_release.errors import ConfigError, ReleaseError, RouterError, StateError
 from llm_release.registry import RegistryState, Release
@@ -99,6 +100,7 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
         log_path=str(log_path),
         run_dir=str(target.run_dir) if target.run_dir else None,
         serving=target.serving,
+        origin=origin_of(target.model_dir, target.scheme, hash_missing=True),
     )
 
 

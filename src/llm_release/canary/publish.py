@@ -18,9 +18,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from llm_release import registry
+from llm_release.fileio import folder_sha256
+from llm_release.hub.acquire import MANIFEST_SUFFIX
 from llm_release.hub.publish import Lineage, Published, PublishTarget, publish, publish_target
 from llm_release.quantization.quantize import RECORD
-from llm_release.registry import Release
+from llm_release.registry import Origin, Release
 from llm_release.results import CANDIDATE_RESULT, CandidateResult, EvalResult
 
 logger = logging.getLogger(__name__)
@@ -45,16 +47,47 @@ def winner_evals(release: Release) -> list[EvalResult]:
         return []
 
 
-def lineage_of(release: Release) -> Lineage:
-    """The release's lineage: upstream repo and commit, and from the quantization record
-    (when the folder has one) the recipe, cache key and calibration fingerprint."""
+def _manifest_files(model_dir: Path) -> dict[str, str]:
+    """An upstream folder's files as its download verified them (the hub's manifest)."""
+    try:
+        manifest = json.loads(model_dir.with_name(model_dir.name + MANIFEST_SUFFIX).read_text())
+        return {str(f["path"]): str(f["sha256"]) for f in manifest["files"] if f.get("sha256")}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
+
+
+def origin_of(model_dir: Path, scheme: str, *, hash_missing: bool = False) -> Origin:
+    """Where ``model_dir`` came from: its quantization record (recipe, calibration set and
+    fingerprint, cache key, the artifact's file hashes) or, for an upstream folder, the
+    file hashes its download verified. ``hash_missing``: hash the folder's files when
+    neither lists them (at deploy: once, before the folder can go away)."""
+    model_dir = Path(model_dir)
     record: dict = {}
     try:
-        record = json.loads((Path(release.model_dir) / RECORD).read_text())
+        record = json.loads((model_dir / RECORD).read_text())
     except (OSError, ValueError):
         pass
-    recipe = record.get("candidate") or {}
+    if not isinstance(record, dict):
+        record = {}
+    recipe = record.get("candidate") if isinstance(record.get("candidate"), dict) else {}
     recipe = {k: v for k, v in recipe.items() if k not in ("name", "extra_serving_args")}
+    files = record.get("files") if isinstance(record.get("files"), dict) else None
+    files = files or _manifest_files(model_dir)
+    if not files and hash_missing and model_dir.is_dir():
+        files = folder_sha256(model_dir, skip=(RECORD,))
+    return Origin(
+        recipe=recipe,
+        calibration_set=recipe.get("calibration_set") if scheme == "W4A16_AWQ" else None,
+        calibration_sha256=record.get("calibration_sha256"),
+        cache_key=record.get("cache_key"),
+        files=files or {},
+    )
+
+
+def lineage_of(release: Release) -> Lineage:
+    """The release's lineage: upstream repo and commit, and its origin as recorded at deploy
+    (an older release: from its folder's quantization record, when the folder has one)."""
+    origin = release.origin or origin_of(Path(release.model_dir), release.scheme)
     return Lineage(
         upstream_repo=release.repo_id,
         upstream_commit=release.commit,
@@ -62,10 +95,10 @@ def lineage_of(release: Release) -> Lineage:
         candidate=release.candidate,
         scheme=release.scheme,
         run_id=Path(release.run_dir).name if release.run_dir else None,
-        recipe=recipe,
-        calibration_set=recipe.get("calibration_set") if release.scheme == "W4A16_AWQ" else None,
-        calibration_sha256=record.get("calibration_sha256"),
-        cache_key=record.get("cache_key"),
+        recipe=origin.recipe,
+        calibration_set=origin.calibration_set,
+        calibration_sha256=origin.calibration_sha256,
+        cache_key=origin.cache_key,
     )
 
 

@@ -24,7 +24,7 @@ from sqlalchemy import select
 
 from llm_release import paths
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
-from llm_release.evaluation.evalsets import load_eval_set
+from llm_release.evaluation.evalsets import files_sha256, load_eval_set
 from llm_release.evaluation.evaluate import load_decoding
 from llm_release.fileio import sha256_file
 from llm_release.quantization.quantize import _model_fingerprint
@@ -39,10 +39,9 @@ def eval_sets_fingerprint(names: list[str]) -> dict[str, dict]:
     out = {}
     for name in names:
         eval_set = load_eval_set(name)
-        files = sorted(p for p in eval_set.directory.glob("*") if p.suffix in {".yaml", ".jsonl"})
         out[name] = {
             "version": (eval_set.task.get("metadata") or {}).get("version"),
-            "files": {p.name: sha256_file(p) for p in files},
+            "files": files_sha256(eval_set),
         }
     defaults = paths.eval_sets_dir() / "defaults.yaml"
     if defaults.exists():

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from llm_release import paths, safety
 from llm_release.errors import EvalError, ReleaseError
 from llm_release.evaluation import metrics, templates
-from llm_release.fileio import atomic_write_json
+from llm_release.fileio import atomic_write_json, sha256_file
 from llm_release.results import GateSpec, InconclusivePolicy, MetricGate
 
 TEMPLATE = "_template"
@@ -90,6 +90,20 @@ class EvalSet:
     gates: GateSpec
     readme: dict[str, str]
     key_lines: dict[str, int] = field(default_factory=dict)
+
+
+def files_sha256(eval_set: EvalSet) -> dict[str, str]:
+    """The SHA-256 of each file that defines the set's items and prompts (YAML, JSONL)."""
+    files = sorted(p for p in eval_set.directory.glob("*") if p.suffix in {".yaml", ".jsonl"})
+    return {p.name: sha256_file(p) for p in files}
+
+
+def fingerprint(eval_set: EvalSet) -> str:
+    """One SHA-256 for the set as it was evaluated: its version and its files' hashes. Two
+    results with the same fingerprint asked the same questions the same way."""
+    version = (eval_set.task.get("metadata") or {}).get("version")
+    canonical = json.dumps({"version": version, "files": files_sha256(eval_set)}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def defaults(root: Path | None = None) -> Defaults:

@@ -20,6 +20,7 @@ from llm_release.evaluation.evalsets import (
     EvalSet,
     check_templates,
     defaults,
+    fingerprint,
     load_eval_set,
     load_items,
 )
@@ -210,6 +211,7 @@ def run_evaluation(
             EvalResult(
                 eval_set=eval_set.name,
                 version=eval_set.task["metadata"]["version"],
+                sha256=fingerprint(eval_set),
                 num_items=len(items),
                 metrics=metric_scores,
                 decoding=decoding | (request_body or {}),

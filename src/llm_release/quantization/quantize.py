@@ -20,7 +20,7 @@ from pathlib import Path
 from llm_release import hardware, paths
 from llm_release.config import CandidateConfig
 from llm_release.errors import ConfigError, QuantizeError
-from llm_release.fileio import atomic_write_json, sha256_file
+from llm_release.fileio import atomic_write_json, folder_sha256, sha256_file
 from llm_release.hub import disk
 from llm_release.quantization import recipes
 from llm_release.settings import nvlink_multicast_off_here
@@ -287,6 +287,9 @@ def quantize(
         {
             "candidate": candidate.model_dump(),
             "cache_key": key,
+            # Each file of the artifact with its SHA-256: the served folder's identity in
+            # the release record and the published card.
+            "files": folder_sha256(staging),
             # The calibration text's fingerprint, for the lineage of a published winner.
             "calibration_sha256": sha256_file(calibration_path(candidate.calibration_set))
             if candidate.scheme == "W4A16_AWQ"

@@ -61,6 +61,7 @@ class ReleaseRow(Base):
     run_dir: Mapped[str | None] = mapped_column(Text)
     serving: Mapped[dict[str, Any]]
     started_at: Mapped[str]
+    origin: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     state: Mapped[str] = mapped_column(String(32))
 
 

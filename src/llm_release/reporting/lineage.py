@@ -4,8 +4,9 @@ candidate's measurement in its run (scores with intervals, goodput; ``measuremen
 run's judgement (the decision, the review's verdict; ``decisions``), the canary's walk
 (steps, analysis windows, and the approvals among the registry's events;
 ``rollout.recorded_walk``) and the registry's history (deploy, promote, rollback, publish
-events) — and the candidate's quantization record (recipe, calibration fingerprint, cache
-key; ``canary.publish.lineage_of``). ``llm-release history [SERVICE] [--json]`` prints it.
+events) — and the release's origin, recorded at deploy (recipe, calibration fingerprint,
+cache key, each file's SHA-256; ``registry.Origin``; a release deployed before the record
+kept it: read from its folder while the folder is there). ``llm-release history [SERVICE] [--json]`` prints it.
 
 The record survives the worker's disk: the run's ``report.json`` is read only for what a
 release recorded before the record kept it lacks (named in ``from_report``). What neither
@@ -23,7 +24,7 @@ from tabulate import tabulate
 
 from llm_release import registry
 from llm_release.canary import rollout
-from llm_release.canary.publish import lineage_of
+from llm_release.canary.publish import lineage_of, origin_of
 from llm_release.canary.rollout import Answer, WindowRecord
 from llm_release.config import Scheme
 from llm_release.decision import decisions, measurements
@@ -42,7 +43,10 @@ class Score(Record):
     value: float
     ci_low: float | None = None
     ci_high: float | None = None
-    eval_set_version: str | None = Field(None, description="the eval set's fingerprint/version")
+    eval_set_version: str | None = Field(None, description="the eval set's declared version")
+    eval_set_sha256: str | None = Field(
+        None, description="the eval set's fingerprint when evaluated (its files' hashes)"
+    )
 
 
 class Window(Record):
@@ -50,6 +54,13 @@ class Window(Record):
     index: int
     verdict: str
     reason: str
+
+
+class Step(Record):
+    weight: int
+    entered_at: str
+    outcome: str | None = Field(None, description="cleared, or the walk's end; None: open")
+    windows: list[Window] = Field(default_factory=list)
 
 
 class ReleaseLineage(Record):
@@ -66,6 +77,14 @@ class ReleaseLineage(Record):
     calibration_set: str | None = None
     calibration_sha256: str | None = None
     artifact_cache_key: str | None = Field(None, description="the quantization's content hash")
+    artifact_sha256: dict[str, str] = Field(
+        default_factory=dict, description="each file of the served folder -> its SHA-256"
+    )
+    origin_recorded: bool = Field(
+        False,
+        description="recipe, calibration and hashes come from the record (False: read from "
+        "the folder, a release deployed before the record kept them)",
+    )
     scores: list[Score] = Field(default_factory=list)
     goodput: int | None = Field(None, description="concurrent streams within the SLO")
     goodput_tok_s: float | None = None
@@ -75,13 +94,14 @@ class ReleaseLineage(Record):
         default_factory=list, description="who approved each rollout question, and how"
     )
     rollout: str | None = Field(None, description="the canary's end: promoted, rolled back")
+    steps: list[Step] = Field(default_factory=list, description="each rollout step, its windows")
     windows: list[Window] = Field(default_factory=list)
     published: str | None = Field(None, description="repo@commit on the publish hub")
     events: list[dict] = Field(default_factory=list, description="the registry's events")
     missing: list[str] = Field(
         default_factory=list,
         description="what neither the record nor the run's report holds: quantization "
-        "record, scores, goodput, decision, canary walk",
+        "record, artifact hashes, scores, goodput, decision, canary walk",
     )
     from_report: list[str] = Field(
         default_factory=list,
@@ -108,6 +128,7 @@ def _scores(result: CandidateResult) -> list[Score]:
             ci_low=m.ci_low,
             ci_high=m.ci_high,
             eval_set_version=None if ev.version is None else str(ev.version),
+            eval_set_sha256=ev.sha256,
         )
         for ev in result.evals
         for name, m in ev.metrics.items()
@@ -181,6 +202,15 @@ def _walked(
         walk = None  # unreadable rows: the report, or missing, never a guess
     if walk is not None and walk.steps:
         line.rollout = walk.state
+        line.steps = [
+            Step(
+                weight=step.weight,
+                entered_at=step.entered_at,
+                outcome=step.outcome,
+                windows=_windows(step.windows),
+            )
+            for step in walk.steps
+        ]
         line.windows = _windows(walk.windows)
         line.approvals = _approvals(walk.answers)
         return
@@ -202,6 +232,8 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
     events) and its quantization record; its run's ``report.json`` for what a release
     recorded before the record kept it lacks."""
     origin = lineage_of(release)
+    recorded = release.origin is not None
+    files = (release.origin or origin_of(Path(release.model_dir), release.scheme)).files
     line = ReleaseLineage(
         release_id=release.release_id,
         service=release.public_name,
@@ -216,6 +248,8 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
         calibration_set=origin.calibration_set,
         calibration_sha256=origin.calibration_sha256,
         artifact_cache_key=origin.cache_key,
+        artifact_sha256=files,
+        origin_recorded=recorded,
         events=[e for e in history if release.release_id in (e.get("release"), e.get("replaced"))],
     )
     for event in line.events:
@@ -223,6 +257,8 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
             line.published = f"{event.get('repo')}@{event.get('commit')}"
     if not origin.recipe and release.scheme in get_args(Scheme):  # a quantized release
         line.missing.append("quantization record")
+    if not files:
+        line.missing.append("artifact hashes")
     report = _report(release.run_dir)
     _measured(line, release, report)
     _decided(line, release, report)
@@ -267,11 +303,21 @@ def to_markdown(lines: list[ReleaseLineage]) -> str:
         out.append(f"\n{ln.release_id}: {ln.decision or 'no decision recorded'}")
         for s in ln.scores:
             ci = f" [{s.ci_low:.3f}, {s.ci_high:.3f}]" if s.ci_low is not None else ""
-            out.append(f"  {s.eval_set}/{s.metric} {s.value:.3f}{ci}")
+            set_id = f" (set {s.eval_set_sha256[:12]})" if s.eval_set_sha256 else ""
+            out.append(f"  {s.eval_set}/{s.metric} {s.value:.3f}{ci}{set_id}")
         if ln.published:
             out.append(f"  published as {ln.published}")
-        for w in ln.windows:
-            out.append(f"  {w.weight}% window {w.index}: {w.verdict} ({w.reason})")
+        if ln.artifact_cache_key:
+            out.append(
+                f"  quantization {ln.artifact_cache_key[:16]}, {len(ln.artifact_sha256)} files"
+            )
+        for step in ln.steps:
+            out.append(f"  step {step.weight}% from {step.entered_at}: {step.outcome or 'open'}")
+            for w in step.windows:
+                out.append(f"    window {w.index}: {w.verdict} ({w.reason})")
+        if not ln.steps:
+            for w in ln.windows:
+                out.append(f"  {w.weight}% window {w.index}: {w.verdict} ({w.reason})")
         out.extend(f"  {a}" for a in ln.approvals)
     return "\n".join(out)
 

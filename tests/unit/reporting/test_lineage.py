@@ -4,12 +4,16 @@ missing."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import time
+from pathlib import Path
 
 from llm_release import registry
 from llm_release.canary import rollout
 from llm_release.canary.analysis import WindowVerdict
+from llm_release.canary.publish import origin_of
 from llm_release.canary.rollout import Answer, RolloutOutcome, WindowRecord
 from llm_release.cli import main
 from llm_release.config import ReleaseConfig, ServingConfig, SourceConfig
@@ -126,6 +130,7 @@ def _run(home, release: Release) -> None:
                 },
                 "calibration_sha256": "c" * 64,
                 "cache_key": "k" * 16,
+                "files": {"model.safetensors": "e" * 64, "config.json": "f" * 64},
             }
         )
     )
@@ -153,11 +158,14 @@ def test_history_joins_record_run_and_quantization(home):
     first, second = lineage.history()
     assert (first.release_id, first.state) == ("baseline-1", "replaced")
     # the first release's run folder is gone: its line stays and says so
-    assert first.missing == ["scores", "goodput", "decision"] and first.scores == []
+    assert first.missing == ["artifact hashes", "scores", "goodput", "decision"]
+    assert first.scores == [] and first.artifact_sha256 == {}
     assert [e["event"] for e in first.events] == ["stable", "promote"]
     assert second.state == "stable" and second.upstream_commit == "b" * 40
     assert second.recipe["group_size"] == 128 and second.calibration_set == "manufacturing"
     assert second.calibration_sha256 == "c" * 64 and second.artifact_cache_key == "k" * 16
+    assert second.artifact_sha256 == {"model.safetensors": "e" * 64, "config.json": "f" * 64}
+    assert not second.origin_recorded  # deployed before the record kept origins: the folder
     (score,) = second.scores
     assert (score.eval_set, score.metric, score.value) == ("refusal_kb", "refusal", 0.85)
     assert (score.ci_low, score.ci_high, score.eval_set_version) == (0.7, 0.95, "3f2a")
@@ -179,7 +187,14 @@ def test_a_quantized_release_without_its_record_says_so(home):
     state.log("canary", release=release.release_id, weight=5)
     registry.save(state)
     (line,) = lineage.history()
-    assert line.missing == ["quantization record", "scores", "goodput", "decision", "canary walk"]
+    assert line.missing == [
+        "quantization record",
+        "artifact hashes",
+        "scores",
+        "goodput",
+        "decision",
+        "canary walk",
+    ]
     assert line.recipe == {} and line.from_report == []
 
 
@@ -214,9 +229,25 @@ def _level(concurrency: int, ttft_p95_ms: float, tok_s: float) -> LoadLevel:
 
 
 def test_history_reads_the_record_after_the_run_folder_is_gone(home):
-    """A release of this pipeline: its measurement, judgement, walk and approvals are on
-    the record, so its lineage needs neither its run's folder nor its report."""
+    """A release of this pipeline: its origin (recorded at deploy), measurement, judgement,
+    walk and approvals are on the record, so its lineage needs neither its run's folder,
+    its report nor its model folder."""
     release = _release(home, "w4a16-3", "w4a16", "W4A16_AWQ", "r3")
+    model = Path(release.model_dir)
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / RECORD).write_text(
+        json.dumps(
+            {
+                "candidate": {"name": "w4a16", "scheme": "W4A16_AWQ", "group_size": 64},
+                "calibration_sha256": "c" * 64,
+                "cache_key": "k" * 64,
+            }
+        )
+    )
+    # What deploy records (promote._start_release): the record lists no files, so they are
+    # hashed once, the quantization record itself left out.
+    release.origin = origin_of(model, release.scheme, hash_missing=True)
+    assert release.origin.files == {"model.safetensors": hashlib.sha256(b"weights").hexdigest()}
     run_dir = home / "runs" / "r3"
     run_dir.mkdir(parents=True)
     state = RegistryState(canary=release, canary_weight=5)
@@ -231,6 +262,7 @@ def test_history_reads_the_record_after_the_run_folder_is_gone(home):
             EvalResult(
                 eval_set="refusal_kb",
                 version=3,
+                sha256="5" * 64,
                 num_items=20,
                 metrics={"refusal": MetricScore(value=0.85, ci_low=0.7, ci_high=0.95)},
             )
@@ -258,6 +290,7 @@ def test_history_reads_the_record_after_the_run_folder_is_gone(home):
     )
     rollout.record(release.release_id, steps, 100, "promoted")
     run_dir.rmdir()  # the worker's disk is gone
+    shutil.rmtree(model)
 
     (line,) = lineage.history()
     (score,) = line.scores
@@ -274,5 +307,41 @@ def test_history_reads_the_record_after_the_run_folder_is_gone(home):
         (5, 1, "pass"),
         (5, 2, "pass"),
     ]
+    assert [(s.weight, s.outcome, len(s.windows)) for s in line.steps] == [
+        (5, "cleared", 2),
+        (100, "promoted", 0),
+    ]
+    assert score.eval_set_sha256 == "5" * 64
     assert line.approvals == ["approved by person: ship it"]
-    assert line.missing == ["quantization record"] and line.from_report == []
+    assert line.origin_recorded and line.recipe == {"scheme": "W4A16_AWQ", "group_size": 64}
+    assert (line.calibration_sha256, line.artifact_cache_key) == ("c" * 64, "k" * 64)
+    assert line.artifact_sha256 == release.origin.files
+    assert line.missing == [] and line.from_report == []
+
+
+def test_origin_of_an_upstream_folder_is_its_verified_download(home):
+    # The hub's manifest beside the folder (hub.acquire) lists what the download verified.
+    model = home / "models" / ("a" * 40)
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    manifest = model.with_name(model.name + ".manifest.json")
+    manifest.write_text(
+        json.dumps({"files": [{"path": "config.json", "sha256": "9" * 64, "size": 2}]})
+    )
+    origin = origin_of(model, "unquantized", hash_missing=True)
+    assert origin.files == {"config.json": "9" * 64} and origin.recipe == {}
+    assert origin.cache_key is None and origin.calibration_set is None
+    # No manifest: hashed only when asked (deploy), never by 'history' on a big folder.
+    manifest.unlink()
+    assert origin_of(model, "unquantized").files == {}
+    sha = hashlib.sha256(b"{}").hexdigest()
+    assert origin_of(model, "unquantized", hash_missing=True).files == {"config.json": sha}
+
+
+def test_origin_of_a_hostile_quantization_record_is_empty_not_an_error(home):
+    model = home / "models" / "x"
+    model.mkdir(parents=True)
+    for text in ("[1, 2]", '{"candidate": "fp8", "files": ["a"]}', "{not json"):
+        (model / RECORD).write_text(text)
+        origin = origin_of(model, "FP8_DYNAMIC")
+        assert (origin.recipe, origin.files, origin.cache_key) == ({}, {}, None)
