@@ -64,6 +64,27 @@ def _server_text(server: dict | None) -> str:
 # `canary rollback` exit status when the canary's server was stopped without anyone
 # confirming it was empty (an in-flight count unreadable or not 0 at the drain's deadline).
 EXIT_DRAIN_UNCONFIRMED = 3
+# `canary promote` exit status when the promotion took place but publishing it failed
+# (the release serves at 100%; 'llm-release canary promote' cannot be run again for it).
+EXIT_NOT_PUBLISHED = 4
+
+
+def _publish(release) -> int:
+    """Publish a release that reached 100% (the operator's LLM_RELEASE_PUBLISH_* target;
+    nothing when none is set), as the canary flow does."""
+    from llm_release.canary.publish import publish_release
+
+    try:
+        published = publish_release(release, progress=lambda line: print(line, file=sys.stderr))
+    except ReleaseError as exc:
+        print(f"warning: {release.release_id} not published: {exc.one_line()}", file=sys.stderr)
+        return EXIT_NOT_PUBLISHED
+    if published is not None:
+        print(
+            f"published {release.release_id} as {published.repo_id}@{published.commit} "
+            f"on {published.endpoint}"
+        )
+    return 0
 
 
 def cmd_canary(args: argparse.Namespace) -> int:
@@ -74,6 +95,7 @@ def cmd_canary(args: argparse.Namespace) -> int:
     elif args.action == "promote":
         release = promote.promote(drain_timeout_s=args.drain_timeout)
         print(f"promoted {release.release_id}: it is now stable at 100%")
+        return _publish(release)
     elif args.action == "rollback":
         result = promote.rollback(drain_timeout_s=args.drain_timeout)
         print(f"rolled back {result.release_id}: canary weight 0, its server stopped")

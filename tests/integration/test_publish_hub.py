@@ -15,6 +15,7 @@ from huggingface_hub import ModelCard, metadata_load
 from demo.hub_server import HubServer
 from llm_release import registry
 from llm_release.canary.publish import publish_release
+from llm_release.cli import main
 from llm_release.config import ServingConfig, SourceConfig
 from llm_release.errors import ConfigError, PublishError
 from llm_release.hub.acquire import TransferSettings, acquire, verify_dir
@@ -130,6 +131,43 @@ def test_the_winner_is_published_and_downloads_verified_at_its_commit(
 
     again = publish_release(release, target_for(write_hub))
     assert again.commit == published.commit, "the same release is the same content commit"
+
+
+def test_a_promote_from_the_cli_publishes_the_release_too(release, write_hub, monkeypatch, capsys):
+    # 'llm-release canary promote' takes the canary to 100% as the canary flow does, so it
+    # publishes as the flow does: the revision downloads, the record names it.
+    stable = release.model_copy(update={"release_id": "baseline-aaaaaaaa-1", "pid": 0})
+    state = registry.RegistryState(stable=stable, canary=release, canary_weight=50)
+    state.log("canary", release=release.release_id, weight=50)
+    registry.save(state)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_REPO", REPO)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_ENDPOINT", write_hub.url)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_TOKEN", SECRET)
+    assert main(["canary", "promote", "--drain-timeout", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"promoted {release.release_id}" in out
+    event = registry.load().history[-1]
+    assert (event["event"], event["release"]) == ("publish", release.release_id)
+    assert f"published {release.release_id} as {REPO}@{event['commit']}" in out
+    acquired = acquire(
+        SourceConfig(repo_id=REPO, revision=event["commit"], endpoint=write_hub.url),
+        settings=FAST,
+    )
+    assert verify_dir(acquired.model_dir) == []
+
+
+def test_a_promote_whose_publish_fails_says_so_and_exits_4(release, write_hub, monkeypatch, capsys):
+    state = registry.RegistryState(canary=release, canary_weight=50)
+    registry.save(state)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_REPO", REPO)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_ENDPOINT", write_hub.url)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_TOKEN", "hf_NotTheHubsToken")
+    assert main(["canary", "promote", "--drain-timeout", "1"]) == 4
+    said = capsys.readouterr()
+    assert f"promoted {release.release_id}" in said.out
+    assert f"warning: {release.release_id} not published:" in said.err
+    assert "hf_NotTheHubsToken" not in said.err + said.out
+    assert registry.load().stable.release_id == release.release_id  # promoted all the same
 
 
 def test_the_publish_token_goes_to_its_hub_only(release, write_hub, hub_root, tmp_path):
