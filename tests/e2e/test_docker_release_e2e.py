@@ -10,12 +10,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
 from llm_release import registry
+from llm_release.canary.prometheus import scraped_values
 from llm_release.serving.backends import image
 from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
 from tests.helpers import TINY_REPO, lb_headers, vllm_processes
@@ -152,9 +154,28 @@ def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_o
         "the model must be mounted read-only"
     )
 
-    # Rollback: the canary's container is drained and removed, its log kept in the home.
+    # Its restarts, crash loop and health for Prometheus and the alert rules, as the
+    # process backend's supervisor serves them (serving/container_metrics.py).
+    exporter = f"http://127.0.0.1:{state.canary.supervisor_port}/metrics"
+    page = requests.get(exporter, timeout=10).text
+    assert scraped_values(page, ["llm_release_server_restarts_total"]) == [0.0], page
+    assert scraped_values(page, ["llm_release_server_crash_looping"]) == [0.0], page
+    assert scraped_values(page, ["llm_release_server_up"]) == [1.0], page
+    assert f'release="{state.canary.release_id}"' in page and 'role="canary"' in page
+
+    # Rollback: the canary's container is drained and removed, its log kept in the home,
+    # and its metrics process leaves with it.
     cli("canary", "rollback")
     assert containers(home, role="canary") == {}
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            requests.get(exporter, timeout=2)
+        except requests.ConnectionError:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("the canary's container metrics outlived its container")
     canary_log = state.canary.log_path
     assert "Starting vLLM server" in open(canary_log).read()
     status = json.loads(cli("canary", "status", "--json"))

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
 from llm_release.decision.candidate import measure
@@ -258,3 +259,75 @@ def test_dockers_restart_policy_restarts_a_serving_release_then_it_is_crash_loop
         assert server_summary(release) == {"state": "exited", "restarts": 2}
     finally:
         container.remove(force=True)
+
+
+def test_a_serving_containers_restarts_reach_prometheus_through_its_metrics_process(
+    cpu_image, home, tmp_path
+):
+    """The Docker backend's restarts, counted: the container's metrics process serves
+    Docker's RestartCount as the supervisor's llm_release_server_restarts_total (the series
+    the restart alerts read), then its crash loop, and leaves when the container goes."""
+    from llm_release.canary.prometheus import scraped_values
+    from llm_release.serving.supervise import supervisor_env
+
+    docker = client()
+    ensure_network(docker)
+    spec = container_spec(
+        image=image.base_tag(),
+        model_dir=tmp_path,
+        served_names=["m", "loop-2"],
+        serving=ServingConfig(backend="docker"),
+        port=free_port(),
+        owner=Owner(role="stable", release_id="loop-2"),
+        gpu_ids=None,
+        gpu_host=False,
+        home=home,
+        host=HostSettings(),
+        restart_limit=2,
+    )
+    # Up for 3 s, then it dies: each restart is seen while it runs and counted.
+    spec |= {"entrypoint": ["python3", "-c", "import time, sys; time.sleep(3); sys.exit(3)"]}
+    spec |= {"command": []}
+    container = docker.containers.run(**spec)
+    port = free_port()
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "llm_release.serving.container_metrics",
+            container.id,
+            "m",
+            "loop-2",
+            "stable",
+            str(port),
+            "http://127.0.0.1:9/health",
+        ],
+        env=supervisor_env(home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/metrics"
+    seen: list[float] = []
+    try:
+        deadline = time.monotonic() + 90
+        looping = [0.0]
+        while time.monotonic() < deadline and looping != [1.0]:
+            try:
+                page = requests.get(url, timeout=2).text
+            except requests.ConnectionError:
+                time.sleep(0.2)
+                continue
+            seen += scraped_values(page, ["llm_release_server_restarts_total"])
+            looping = scraped_values(page, ["llm_release_server_crash_looping"])
+            time.sleep(0.5)
+        assert looping == [1.0], (seen, exporter.poll())
+        assert 'release="loop-2"' in page and 'role="stable"' in page and 'service="m"' in page
+        assert scraped_values(page, ["llm_release_server_restarts_total"]) == [2.0]
+        assert scraped_values(page, ["llm_release_server_up"]) == [0.0]  # no server answers
+        assert seen == sorted(seen) and seen[0] < 2.0, seen  # counted as they happened
+    finally:
+        container.remove(force=True)
+    assert exporter.wait(15) == 0
+    assert "is gone: exiting" in exporter.stdout.read()

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,7 @@ from llm_release.serving.serve import (
     Owner,
     Server,
     cpu_env,
+    free_port,
     has_cuda,
     vllm_args,
 )
@@ -57,6 +60,7 @@ log = logging.getLogger(__name__)
 CONTAINER_PORT = 8000
 # The roles whose container Docker restarts when it dies (with a restart policy).
 SERVING_ROLES = ("stable", "canary")
+METRICS_MODULE = "llm_release.serving.container_metrics"
 # The project's own bridge network, with inter-container traffic off: a vLLM container is
 # reached only through its port published on the host's 127.0.0.1, never from another
 # container (on this network or the daemon's default bridge, which Docker keeps apart).
@@ -276,9 +280,44 @@ class DockerServer(Server):
         self.image: str | None = None
         self._header = ""
         self._last_code: int | None = None
+        # A serving release's restarts in Prometheus (serving/container_metrics.py)
+        self.metrics_process: subprocess.Popen | None = None
+        self.metrics_port: int | None = None
 
     def container_id(self) -> str | None:
         return self.container.id if self.container is not None else None
+
+    def endpoint(self) -> Endpoint:
+        endpoint = super().endpoint()
+        endpoint.supervisor_port = self.metrics_port
+        return endpoint
+
+    def _start_metrics(self) -> None:
+        """The container's restarts, crash loop and health at a /metrics of their own: a
+        process of its own (it outlives this one, as the container does), scraped as the
+        process backend's supervisor is."""
+        from llm_release.serving.supervise import supervisor_env
+
+        self.metrics_port = free_port()
+        with self.log_path.open("ab") as log:
+            self.metrics_process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    METRICS_MODULE,
+                    self.container.id,
+                    self.served_names[0],
+                    self.owner.release_id or self.served_names[-1],
+                    self.owner.role,
+                    str(self.metrics_port),
+                    f"{self.base_url}/health",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=supervisor_env(paths.home()),
+                start_new_session=True,
+            )
 
     def what(self) -> str:
         return f"vLLM container for {self.served_names[-1]}"
@@ -326,6 +365,8 @@ class DockerServer(Server):
         self.started = True
         if self.gpus:
             gpus.bind(self.gpu_holder, container=self.container.id)
+        if self.owner.role in SERVING_ROLES:
+            self._start_metrics()
         return self.endpoint()
 
     def _run(self, docker: Any, spec: dict[str, Any]) -> Any:
@@ -376,6 +417,9 @@ class DockerServer(Server):
             fh.write((self._header + text).encode())
 
     def stop(self, grace_s: float = 20) -> None:
+        if self.metrics_process is not None and self.metrics_process.poll() is None:
+            self.metrics_process.terminate()
+            self.metrics_process.wait(10)
         if self.container is None:
             return
         self.sync_log()
@@ -440,9 +484,16 @@ def crash_looping(release: Release) -> str | None:
         found = find_container(release.container)
     except ServeError:
         return None
-    if found is None or not _is_recorded(found, release) or found.status != "exited":
+    if found is None or not _is_recorded(found, release):
         return None
-    attrs = found.attrs or {}
+    return looping_reason(found.status, found.attrs or {})
+
+
+def looping_reason(status: str, attrs: dict) -> str | None:
+    """A container (its status and inspect attributes) that exited with no retry of its
+    on-failure restart policy left; None otherwise."""
+    if status != "exited":
+        return None
     policy = (attrs.get("HostConfig") or {}).get("RestartPolicy") or {}
     limit = int(policy.get("MaximumRetryCount") or 0)
     restarts = int(attrs.get("RestartCount") or 0)
