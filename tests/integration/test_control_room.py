@@ -23,7 +23,7 @@ import requests
 
 from demo.hub_server import HubServer, publish_repo
 from llm_release.serving.serve import free_port
-from tests.helpers import stop_group
+from tests.helpers import drain_prefect_slot_services, stop_group
 
 pytestmark = [pytest.mark.integration]
 
@@ -109,13 +109,16 @@ def control(tmp_path_factory):
         assert healthy, (base / "server.log").read_text()[-3000:]
         print(f"prefect server healthy after {time.monotonic() - started:.1f}s")
         with temporary_settings({PREFECT_API_URL: url}):
-            yield {
-                "url": url,
-                "env": client_env,
-                "home": home,
-                "base": base,
-                "cleanup": control_cleanup,
-            }
+            try:
+                yield {
+                    "url": url,
+                    "env": client_env,
+                    "home": home,
+                    "base": base,
+                    "cleanup": control_cleanup,
+                }
+            finally:
+                drain_prefect_slot_services()
     finally:
         for close in control_cleanup:
             close()
