@@ -212,6 +212,28 @@ def test_a_containers_server_is_reached_from_the_hosts_loopback_only(cpu_image, 
                 pass
 
 
+def dying_release(home: Path, model_dir: Path, release_id: str, role: str, code: str):
+    """A serving release's container from our spec (restart limit 2) whose server is
+    ``code``, a Python program that dies."""
+    docker = client()
+    ensure_network(docker)
+    spec = container_spec(
+        image=image.base_tag(),
+        model_dir=model_dir,
+        served_names=["m", release_id],
+        serving=ServingConfig(backend="docker"),
+        port=free_port(),
+        owner=Owner(role=role, release_id=release_id),
+        gpu_ids=None,
+        gpu_host=False,
+        home=home,
+        host=HostSettings(),
+        restart_limit=2,
+    )
+    spec |= {"entrypoint": ["python3", "-c", code], "command": []}
+    return docker.containers.run(**spec)
+
+
 def test_dockers_restart_policy_restarts_a_serving_release_then_it_is_crash_looping(
     cpu_image, home, tmp_path
 ):
@@ -220,23 +242,7 @@ def test_dockers_restart_policy_restarts_a_serving_release_then_it_is_crash_loop
     from llm_release.registry import Release
     from llm_release.serving.backends import crash_looping, server_summary
 
-    docker = client()
-    ensure_network(docker)
-    spec = container_spec(
-        image=image.base_tag(),
-        model_dir=tmp_path,
-        served_names=["m", "loop-1"],
-        serving=ServingConfig(backend="docker"),
-        port=free_port(),
-        owner=Owner(role="canary", release_id="loop-1"),
-        gpu_ids=None,
-        gpu_host=False,
-        home=home,
-        host=HostSettings(),
-        restart_limit=2,
-    )
-    spec |= {"entrypoint": ["python3", "-c", "import sys; sys.exit(3)"], "command": []}
-    container = docker.containers.run(**spec)
+    container = dying_release(home, tmp_path, "loop-1", "canary", "import sys; sys.exit(3)")
     release = Release(
         release_id="loop-1",
         candidate="c",
@@ -270,25 +276,9 @@ def test_a_serving_containers_restarts_reach_prometheus_through_its_metrics_proc
     from llm_release.canary.prometheus import scraped_values
     from llm_release.serving.supervise import supervisor_env
 
-    docker = client()
-    ensure_network(docker)
-    spec = container_spec(
-        image=image.base_tag(),
-        model_dir=tmp_path,
-        served_names=["m", "loop-2"],
-        serving=ServingConfig(backend="docker"),
-        port=free_port(),
-        owner=Owner(role="stable", release_id="loop-2"),
-        gpu_ids=None,
-        gpu_host=False,
-        home=home,
-        host=HostSettings(),
-        restart_limit=2,
-    )
     # Up for 3 s, then it dies: each restart is seen while it runs and counted.
-    spec |= {"entrypoint": ["python3", "-c", "import time, sys; time.sleep(3); sys.exit(3)"]}
-    spec |= {"command": []}
-    container = docker.containers.run(**spec)
+    code = "import time, sys; time.sleep(3); sys.exit(3)"
+    container = dying_release(home, tmp_path, "loop-2", "stable", code)
     port = free_port()
     exporter = subprocess.Popen(
         [
