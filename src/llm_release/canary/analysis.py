@@ -304,7 +304,8 @@ def quality_check(score: SliceScore) -> CheckResult:
         name=score.slice,
         canary=score.canary,
         stable=score.stable,
-        rule=f"canary >= stable - {score.max_drop:g} (paired; beyond it with the interval above 0 fails)",
+        rule=f"canary >= stable - {score.max_drop:g} "
+        "(paired; beyond it with the interval above 0 fails)",
         outcome=score.outcome,
         reason=score.reason,
     )

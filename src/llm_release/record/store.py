@@ -5,8 +5,9 @@ and transactions that serialize writers in the database itself.
 
 Writers take turns by row locks: ``lock_registry`` reads the registry's row with
 ``SELECT ... FOR UPDATE`` on PostgreSQL, so a second writer (a second promote, say) waits
-for the first to commit and then sees what it wrote. SQLite has no row locks: every transaction there begins with
-``BEGIN IMMEDIATE`` (the database's write lock), which serializes the same way on one host.
+for the first to commit and then sees what it wrote. SQLite has no row locks: every
+transaction there begins with ``BEGIN IMMEDIATE`` (the database's write lock), which
+serializes the same way on one host.
 A writer that dies mid-transaction leaves nothing: the database rolls it back.
 
 SQLite has one write lock for the whole file: a writer opened while this thread already

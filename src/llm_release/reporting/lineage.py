@@ -6,7 +6,8 @@ run's judgement (the decision, the review's verdict; ``decisions``), the canary'
 ``rollout.recorded_walk``) and the registry's history (deploy, promote, rollback, publish
 events) — and the release's origin, recorded at deploy (recipe, calibration fingerprint,
 cache key, each file's SHA-256; ``registry.Origin``; a release deployed before the record
-kept it: read from its folder while the folder is there). ``llm-release history [SERVICE] [--json]`` prints it.
+kept it: read from its folder while the folder is there). ``llm-release history [SERVICE]
+[--json]`` prints it.
 
 The record survives the worker's disk: the run's ``report.json`` is read only for what a
 release recorded before the record kept it lacks (named in ``from_report``). What neither
@@ -24,7 +25,7 @@ from tabulate import tabulate
 
 from llm_release import registry
 from llm_release.canary import rollout
-from llm_release.canary.publish import lineage_of, origin_of
+from llm_release.canary.publish import origin_of
 from llm_release.canary.rollout import Answer, WindowRecord
 from llm_release.config import Scheme
 from llm_release.decision import decisions, measurements
@@ -231,9 +232,8 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
     """One release's chain, from the record (its release, measurement, judgement, walk and
     events) and its quantization record; its run's ``report.json`` for what a release
     recorded before the record kept it lacks."""
-    origin = lineage_of(release)
-    recorded = release.origin is not None
-    files = (release.origin or origin_of(Path(release.model_dir), release.scheme)).files
+    # Recorded at deploy; a release deployed before the record kept it: its folder, read once
+    origin = release.origin or origin_of(Path(release.model_dir), release.scheme)
     line = ReleaseLineage(
         release_id=release.release_id,
         service=release.public_name,
@@ -243,13 +243,13 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
         upstream_commit=release.commit,
         candidate=release.candidate,
         scheme=release.scheme,
-        run_id=origin.run_id,
+        run_id=Path(release.run_dir).name if release.run_dir else None,
         recipe=origin.recipe,
         calibration_set=origin.calibration_set,
         calibration_sha256=origin.calibration_sha256,
         artifact_cache_key=origin.cache_key,
-        artifact_sha256=files,
-        origin_recorded=recorded,
+        artifact_sha256=origin.files,
+        origin_recorded=release.origin is not None,
         events=[e for e in history if release.release_id in (e.get("release"), e.get("replaced"))],
     )
     for event in line.events:
@@ -257,7 +257,7 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
             line.published = f"{event.get('repo')}@{event.get('commit')}"
     if not origin.recipe and release.scheme in get_args(Scheme):  # a quantized release
         line.missing.append("quantization record")
-    if not files:
+    if not origin.files:
         line.missing.append("artifact hashes")
     report = _report(release.run_dir)
     _measured(line, release, report)

@@ -299,7 +299,8 @@ class DockerServer(Server):
         from llm_release.serving.supervise import supervisor_env
 
         self.metrics_port = free_port()
-        with self.log_path.open("ab") as log:
+        # A log of its own: the release's log is rewritten from the container's (sync_log).
+        with self.log_path.with_suffix(".metrics.log").open("ab") as log:
             self.metrics_process = subprocess.Popen(
                 [
                     sys.executable,
