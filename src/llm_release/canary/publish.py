@@ -51,9 +51,16 @@ def _manifest_files(model_dir: Path) -> dict[str, str]:
     """An upstream folder's files as its download verified them (the hub's manifest)."""
     try:
         manifest = json.loads(model_dir.with_name(model_dir.name + MANIFEST_SUFFIX).read_text())
-        return {str(f["path"]): str(f["sha256"]) for f in manifest["files"] if f.get("sha256")}
+        entries = manifest["files"]
     except (OSError, ValueError, TypeError, KeyError):
         return {}
+    if not isinstance(entries, list):
+        return {}
+    return {
+        str(f["path"]): str(f["sha256"])
+        for f in entries
+        if isinstance(f, dict) and isinstance(f.get("path"), str) and f.get("sha256")
+    }
 
 
 def origin_of(model_dir: Path, scheme: str, *, hash_missing: bool = False) -> Origin:

@@ -345,3 +345,8 @@ def test_origin_of_a_hostile_quantization_record_is_empty_not_an_error(home):
         (model / RECORD).write_text(text)
         origin = origin_of(model, "FP8_DYNAMIC")
         assert (origin.recipe, origin.files, origin.cache_key) == ({}, {}, None)
+    # A hostile download manifest beside the folder lists nothing either.
+    manifest = model.with_name(model.name + ".manifest.json")
+    for text in ('{"files": "all"}', '{"files": [{"path": "a"}]}', "[]", "{not json"):
+        manifest.write_text(text)
+        assert origin_of(model, "FP8_DYNAMIC").files == {}
