@@ -445,6 +445,12 @@ def model_maximum_note(planner, files, request, result, args) -> str | None:
     )
 
 
+def _has_gpu() -> bool:
+    from llm_release.hardware import gpu_memory_gib
+
+    return gpu_memory_gib() is not None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Size a model folder or a hub repo (headers only) for vLLM; logic in planner."""
     from llm_release import sizing as planner
@@ -481,6 +487,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "(pass --gpu-memory-gib for the target host's card)"
         )
         gpu_memory = gpu_memory or ASSUMED_GPU_MEMORY_GIB
+    if args.cpu_kvcache_gib and args.kv_cache_dtype != "auto" and not _has_gpu():
+        # a CPU plan on a CPU host: its vLLM must be able to hold the KV dtype
+        # (LLM_RELEASE_CPU_FLAGS plans for a CPU of another kind)
+        from llm_release.hardware import detect
+        from llm_release.serving import cpu_kernels
+
+        host = detect()
+        why = cpu_kernels.fp8_kv_refusal(
+            args.kv_cache_dtype,
+            cpu_kernels.from_host(host),
+            cpu_kernels.head_size(files.config),
+            host.cpu.model_name,
+        )
+        if why:
+            raise ConfigError(why, hint="plan with --kv-cache-dtype auto")
     request = planner.PlanRequest(
         device="cpu" if args.cpu_kvcache_gib else "gpu",
         gpu_memory_gib=gpu_memory or 80.0,

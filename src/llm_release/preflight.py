@@ -41,6 +41,7 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
         )
     if config.serving.backend == "docker":
         check_docker(config)
+    check_host_kv_cache(config)
     if shutil.which("haproxy") is None:
         raise RouterError(
             "haproxy is not installed", hint="run 'make setup' (apt-get install haproxy)"
@@ -82,6 +83,16 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
             hint=f"free it or set {alertmanager.PORT_ENV} to another port",
         )
     return champion, service_name
+
+
+def check_host_kv_cache(config: ReleaseConfig) -> None:
+    """A CPU host whose vLLM cannot hold the KV dtype the release asks for (fp8 without
+    AVX-512 or AMX) refuses here, before the download: the serving runtime is asked."""
+    from llm_release.hardware import detect
+    from llm_release.serving.cpu_kernels import check_kv_cache
+
+    serving = config.serving
+    check_kv_cache(serving.kv_cache_dtype, serving.extra_args, None, detect())
 
 
 def _free(port: int) -> bool:

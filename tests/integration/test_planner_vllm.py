@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from llm_release import hardware
 from llm_release.config import ServingConfig
+from llm_release.errors import ConfigError
 from llm_release.hub.hub_headers import read_local
+from llm_release.serving import cpu_kernels
 from llm_release.serving.serve import VllmServer
 from llm_release.sizing import parse_config, plan, request_for_serving, weights_from_tensors
 from llm_release.sizing.vllm_report import check_plan, parse_vllm_kv_report
@@ -199,6 +202,18 @@ SERVED = [
 ]
 
 
+def refused_here(serving: ServingConfig, model_dir: Path) -> bool:
+    """Whether this host's serving runtime, asked as vLLM asks it, cannot hold the KV dtype."""
+    config = json.loads((model_dir / "config.json").read_text())
+    try:
+        cpu_kernels.check_kv_cache(
+            serving.kv_cache_dtype, serving.extra_args, config, hardware.detect()
+        )
+    except ConfigError:
+        return True
+    return False
+
+
 @pytest.mark.parametrize("name", SERVED)
 def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
     fixture, max_len, extra = CASES[name]
@@ -218,6 +233,14 @@ def test_planner_kv_tokens_within_1_percent_of_vllm(name, request, tmp_path):
         parse_config(files.config), weights_from_tensors(files.tensors), plan_request, model=name
     ).options[0]
     log = tmp_path / "vllm.log"
+    if refused_here(serving, model_dir):
+        # This CPU's vLLM cannot hold an fp8 KV cache (no AVX-512, no AMX): the server is
+        # refused in one line before it starts, naming what the CPU lacks.
+        with pytest.raises(ConfigError, match="needs x86 with AVX-512 or AMX") as refused:
+            VllmServer(model_dir, [name], serving, log).start()
+        assert "\n" not in str(refused.value).split("\n  hint:")[0], refused.value
+        assert not log.exists(), "nothing may start before the refusal"
+        return
     with VllmServer(model_dir, [name], serving, log):
         pass
     report = parse_vllm_kv_report(log.read_text(errors="replace"))
@@ -274,3 +297,22 @@ def test_plan_of_smollm2_on_the_local_hub_prints_in_under_5_s(smollm2_dir, tmp_p
     for shard in shards:
         header_end = 8 + int.from_bytes(shard.read_bytes()[:8], "little")
         assert counted[shard.name] == header_end < shard.stat().st_size
+
+
+def test_fp8_kv_on_an_avx2_only_cpu_is_refused_before_start(tiny_model_dir, tmp_path, monkeypatch):
+    """The AVX2-only serving runtime (scripts/avx2-emulation: torch answers vLLM's questions
+    as on an AVX2-only EPYC) is asked before the start: one line names what the CPU lacks,
+    and no server process is started. On an AVX2-only CPU this is the real runtime's answer."""
+    emulated = Path(__file__).resolve().parents[2] / "scripts" / "avx2-emulation" / "python"
+    monkeypatch.setenv("LLM_RELEASE_VLLM_PYTHON", str(emulated))
+    features = cpu_kernels.from_runtime(hardware.detect(), emulated)
+    assert features.source == "the serving runtime's torch"
+    assert not features.avx512 and not features.amx
+    serving = ServingConfig(
+        max_model_len=256, max_num_seqs=2, dtype="float32", kv_cache_dtype="fp8"
+    )
+    log = tmp_path / "vllm.log"
+    with pytest.raises(ConfigError, match="lacks AVX-512 and AMX") as refused:
+        VllmServer(tiny_model_dir, ["tiny"], serving, log).start()
+    assert "set serving.kv_cache_dtype to auto" in str(refused.value)
+    assert not log.exists()

@@ -30,6 +30,7 @@ from llm_release.errors import ConfigError, ServeError
 from llm_release.hub.credentials import child_env
 from llm_release.serving import gpus, processes, reasoning
 from llm_release.serving.capacity import resolve_batch
+from llm_release.serving.cpu_kernels import check_kv_cache
 from llm_release.serving.dtype import served_dtype
 from llm_release.serving.serving_flags import check_serving_args
 
@@ -353,6 +354,15 @@ class Server(ABC):
         if not (self.model_dir / "config.json").exists():
             raise ServeError(
                 f"{self.model_dir} has no config.json", hint="re-run the acquire stage"
+            )
+        if not has_cuda():
+            # vLLM CPU's fp8 KV cache needs AVX-512 or AMX: refused here in one line,
+            # not by its engine after half a minute of start-up.
+            check_kv_cache(
+                self.serving.kv_cache_dtype,
+                self.serving.extra_args,
+                json.loads((self.model_dir / "config.json").read_text()),
+                hardware.detect(),
             )
         if self.serving.dtype == "fastest":
             self.serving = resolve_dtype(self.serving, self.model_dir)
