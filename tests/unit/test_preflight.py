@@ -56,3 +56,28 @@ def test_the_first_release_of_a_service_names_it(tmp_path, monkeypatch):
     monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path))
     config = ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}, "public_name": "kb-bot"})
     assert check_service(config) == (None, "kb-bot")
+
+
+def test_a_release_asking_fp8_kv_where_the_runtime_cannot_hold_it_stops_before_any_work(
+    tmp_path, monkeypatch
+):
+    """The serving runtime is asked as vLLM asks it; here a stand-in that answers as an
+    AVX2-only CPU's torch does. The same release with kv_cache_dtype auto passes."""
+    from llm_release import hardware
+    from llm_release.preflight import check_host_kv_cache
+
+    cpu_host = hardware.detect().model_copy(update={"gpus": []})  # as on a CPU host
+    monkeypatch.setattr(hardware, "detect", lambda: cpu_host)
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "home"))
+    runtime = tmp_path / "python"
+    runtime.write_text('#!/bin/sh\necho \'{"machine": "x86_64", "avx512": false, "amx": false}\'\n')
+    runtime.chmod(0o755)
+    monkeypatch.setenv("LLM_RELEASE_VLLM_PYTHON", str(runtime))
+    source = {"repo_id": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    fp8 = ReleaseConfig(source=source, serving=ServingConfig(kv_cache_dtype="fp8"))
+    with pytest.raises(ConfigError, match="lacks AVX-512 and AMX"):
+        check_host_kv_cache(fp8)
+    as_args = ServingConfig(extra_args=["--kv-cache-dtype", "fp8"])
+    with pytest.raises(ConfigError, match="lacks AVX-512 and AMX"):
+        check_host_kv_cache(ReleaseConfig(source=source, serving=as_args))
+    check_host_kv_cache(ReleaseConfig(source=source))
