@@ -48,6 +48,13 @@ PORT_RETRIES = 2
 # (pattern in the server log, what it most likely means)
 LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
     (
+        # vLLM CPU 0.32 asked for --kv-cache-dtype fp8 on an AVX2-only CPU (its worker:
+        # "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.").
+        re.compile(r"FP8 KV cache on CPU requires x86 with AVX-512 or AMX"),
+        "this CPU lacks AVX-512/AMX, which vLLM's CPU fp8 KV cache needs: "
+        "use kv_cache_dtype auto on this host",
+    ),
+    (
         # vLLM CPU 0.32's AVX2 library has no W4A16 kernel: healthy, then dead at request one.
         re.compile(r"'_OpNamespace' '_C' object has no attribute '\w+'|has no attribute 'cpu_\w+'"),
         "this vLLM build has no kernel for this quantization scheme on this processor",
@@ -84,21 +91,96 @@ LIKELY_CAUSES: list[tuple[re.Pattern[str], str]] = [
     ),
 ]
 
+NO_CAUSE = "see the log tail below"
+ROOT_CAUSE_CHARS = 300
+
+# The prefixes of a vLLM log line: the process ("(EngineCore_DP0 pid=123) ", "(Worker pid=9)",
+# "(VllmWorker-0 pid=9)", "(APIServer pid=1)"; vLLM 0.32 puts it in its logger's format,
+# older ones prefixed the process's whole output), then the logger's "ERROR 12-03 19:54:26
+# [core.py:1510] ". Colours, where the output was a terminal, go first.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_PROCESS = re.compile(r"^\s*\([\w.-]+[^()\n]*\bpid=\d+[^()\n]*\)\s*")
+_LOGGER = re.compile(
+    r"^(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
+    r"\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?\s+(?:\[[^\]]*\]\s?)?"
+)
+# A line that names an exception, as Python prints a traceback's last line ("  | " inside an
+# exception group): "NotImplementedError: ...", "torch.OutOfMemoryError: ...",
+# "vllm.v1.engine.exceptions.EngineDeadError: ...", "KeyboardInterrupt".
+_EXCEPTION = re.compile(
+    r"^(?:\s*\|\s)?\s*(?P<name>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Interrupt|Exit))"
+    r"(?::\s|$)"
+)
+# argparse's refusal ("api_server.py: error: unrecognized arguments: --x"), no traceback.
+_ARGPARSE = re.compile(r"^[\w.-]+: error: ")
+# What reports another process's failure, or the shutdown after it: never the root cause.
+_WRAPPERS = re.compile(
+    r"Engine core initialization failed|Frontend process failed during engine core"
+    r"|See root cause above|see the stack trace above for the root cause"
+    r"|please check the\s+stack trace above|See stack trace for root cause"
+    r"|Failed core proc|EngineCore encountered an issue|EngineDeadError|EngineGenerateError"
+    r"|^(?:KeyboardInterrupt|SystemExit|GeneratorExit|BrokenPipeError|ConnectionResetError"
+    r"|(?:asyncio\.(?:exceptions\.)?)?CancelledError)\b"
+)
+
+
+def root_cause(log_text: str) -> str | None:
+    """The first line of the log that names the exception the engine died of, whichever of
+    vLLM's processes printed it, without its prefixes and cut to ``ROOT_CAUSE_CHARS``.
+
+    vLLM's API server ends its log with "Engine core initialization failed. See root cause
+    above", the engine's (or its worker's) own traceback sits tens of lines higher: the
+    first exception line that is not such a wrapper is the root cause. Lines logged below
+    ERROR (a WARNING quoting an exception it survived) are not."""
+    for raw in log_text.splitlines():
+        line = _ANSI.sub("", raw).rstrip()
+        line = _PROCESS.sub("", line, count=1)
+        logged = _LOGGER.match(line)
+        if logged and logged.group("level") not in ("ERROR", "CRITICAL"):
+            continue
+        message = line[logged.end() :] if logged else line
+        if not (_EXCEPTION.match(message) or _ARGPARSE.match(message)):
+            continue
+        message = re.sub(r"^\s*\|\s", "", message).strip()
+        if _WRAPPERS.search(message):
+            continue
+        if len(message) > ROOT_CAUSE_CHARS:
+            message = message[: ROOT_CAUSE_CHARS - 4].rstrip() + " ..."
+        return message
+    return None
+
+
+def _match_cause(log_text: str, root: str | None) -> tuple[str, str] | None:
+    """(likely cause, the text that shows it): read in the root-cause line first, so that a
+    pattern matching some other line of the log does not name the wrong cause."""
+    for text in (root, log_text):
+        if not text:
+            continue
+        for pattern, cause in LIKELY_CAUSES:
+            match = pattern.search(text)
+            if match:
+                return cause, match.group(0)
+    return None
+
 
 def likely_cause(log_text: str) -> str:
-    for pattern, cause in LIKELY_CAUSES:
-        if pattern.search(log_text):
-            return cause
-    return "see the log tail below"
+    found = _match_cause(log_text, root_cause(log_text))
+    return found[0] if found else NO_CAUSE
 
 
 def diagnose(log_text: str) -> str:
-    """The likely cause, with the log line that shows it (it is often far above the tail)."""
-    for pattern, cause in LIKELY_CAUSES:
-        match = pattern.search(log_text)
-        if match:
-            return f"{cause} (log: {match.group(0)!r})"
-    return "see the log tail below"
+    """The likely cause, with the log line that shows it (it is often far above the tail):
+    the root-cause line (``root_cause``) where there is one."""
+    root = root_cause(log_text)
+    found = _match_cause(log_text, root)
+    if found is None:
+        return f"the engine's first error: {root!r}" if root else NO_CAUSE
+    cause, evidence = found
+    if root is None:
+        return f"{cause} (log: {evidence!r})"
+    if evidence in root:
+        return f"{cause} (log: {root!r})"
+    return f"{cause} (log: {evidence!r}; first error: {root!r})"
 
 
 # Ports for servers started later are picked below the kernel's ephemeral range: a port
