@@ -37,6 +37,8 @@ def _set_name(value: str, what: str) -> str:
 CPU_MAX_NUM_SEQS = 16
 # vLLM's own --max-num-seqs on a GPU of >= 70 GiB (engine/arg_utils.py get_batch_defaults).
 GPU_MAX_NUM_SEQS_CAP = 1024
+# a GPU server's typical request when nothing says (ServingConfig.request_tokens)
+DEFAULT_REQUEST_TOKENS = 1024
 
 
 class StrictModel(BaseModel):
@@ -147,9 +149,20 @@ class ServingConfig(StrictModel):
     max_num_seqs: int | None = Field(
         None,
         ge=1,
+        le=65536,
         description="vLLM --max-num-seqs. None: from the plan when the server starts — on a GPU "
-        "the sequences of max_model_len the planner's KV cache holds (at most vLLM's own 1024), "
-        f"on a CPU {CPU_MAX_NUM_SEQS}",
+        "the sequences of request_tokens the planner's KV cache holds at once, at most vLLM's "
+        "own default (1024 on a GPU of 70 GiB or more), while one sequence of max_model_len "
+        f"still fits; on a CPU {CPU_MAX_NUM_SEQS}",
+    )
+    request_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=10_000_000,
+        description="prompt + output tokens of a typical request, what a GPU server's default "
+        "max_num_seqs is sized for (sizing/batch.py). None: the release's load profile's "
+        "(load.prompt_tokens + load.output_tokens); outside a release "
+        f"min(max_model_len, {DEFAULT_REQUEST_TOKENS})",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (GiB) on CPU")
@@ -672,6 +685,14 @@ class ReleaseConfig(StrictModel):
             self.serving.check_args(
                 c.extra_serving_args, f"candidates[{c.name}].extra_serving_args"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _request_tokens_from_the_load(self) -> ReleaseConfig:
+        # the batch size a GPU server gets by default is sized for the load the release is
+        # measured with
+        if self.serving.request_tokens is None:
+            self.serving.request_tokens = self.load.prompt_tokens + self.load.output_tokens
         return self
 
     @model_validator(mode="after")

@@ -170,25 +170,27 @@ def plan_for_dir(
 
 def resolve_batch(model_dir: Path, serving: ServingConfig, host: Hardware) -> ServingConfig:
     """``serving.max_num_seqs`` made concrete when the config leaves it to the plan: on a GPU
-    the sequences of max_model_len the planner's KV cache holds on this GPU, at most vLLM's
-    own default (1024 on a GPU of >= 70 GiB), so the server never queues what it could hold;
-    on a CPU the demo host's 16. An explicit value is kept."""
-    from llm_release.config import CPU_MAX_NUM_SEQS, GPU_MAX_NUM_SEQS_CAP
+    the sequences of ``serving.request_tokens`` the planner's KV cache holds at once, at most
+    vLLM's own default, while one sequence of max_model_len still fits (sizing/batch.py says
+    why); on a CPU the demo host's 16. An explicit value is kept."""
+    from llm_release.config import CPU_MAX_NUM_SEQS, DEFAULT_REQUEST_TOKENS
+    from llm_release.sizing.batch import choose_max_num_seqs, vllm_default_max_num_seqs
 
     if serving.max_num_seqs is not None:
         return serving
     seqs = CPU_MAX_NUM_SEQS
     if host.cuda:
+        cap = vllm_default_max_num_seqs(_gpu_memory_gib(), host.gpus[0])
+        workload = serving.request_tokens or min(serving.max_model_len, DEFAULT_REQUEST_TOKENS)
         try:
-            option = plan_for_dir(model_dir, serving.model_copy(update={"max_num_seqs": 1}), host)
+            plan = plan_for_dir(model_dir, serving.model_copy(update={"max_num_seqs": 1}), host)
         except (ReleaseError, ValueError, KeyError) as exc:
             log.warning("max_num_seqs: no plan for %s (%s); vLLM's default is used", model_dir, exc)
-            option = None
-        fitting = option.options[0] if option and option.options else None
-        seqs = (
-            max(1, min(GPU_MAX_NUM_SEQS_CAP, int(fitting.max_concurrency)))
-            if fitting and fitting.max_concurrency >= 1
-            else GPU_MAX_NUM_SEQS_CAP
-        )
-        log.info("max_num_seqs %d from the plan for %s", seqs, model_dir)
+            plan = None
+        if plan is not None and plan.options:
+            choice = choose_max_num_seqs(plan, workload, cap)
+            seqs = choice.max_num_seqs
+            log.info("max_num_seqs %d for %s: %s", seqs, model_dir, choice.reason)
+        else:
+            seqs = cap
     return serving.model_copy(update={"max_num_seqs": seqs})

@@ -64,12 +64,13 @@ def _model_dir(tmp_path, **over):
     return folder
 
 
-def test_a_gpu_server_gets_the_sequences_its_kv_cache_holds(tmp_path):
+def test_a_gpu_server_gets_the_sequences_of_its_workload_not_of_max_model_len(tmp_path):
     from llm_release.config import ServingConfig
     from llm_release.serving.capacity import plan_for_dir, resolve_batch
 
-    # 64 layers of 8 KV heads × 128 at 32k tokens: 8 GiB per sequence, so an 80 GiB card
-    # (assumed here: no GPU) at 0.9 holds a handful, far under vLLM's 1024
+    # 64 layers of 8 KV heads × 128 at 32k tokens: 8 GiB per full-length sequence, so an
+    # 80 GiB card (assumed here: no GPU) at 0.9 holds a handful of those — and hundreds of
+    # the 768-token requests the release is sized for
     folder = _model_dir(
         tmp_path,
         num_hidden_layers=64,
@@ -78,15 +79,32 @@ def test_a_gpu_server_gets_the_sequences_its_kv_cache_holds(tmp_path):
         num_key_value_heads=8,
         max_position_embeddings=32768,
     )
-    serving = ServingConfig(max_model_len=32768, dtype="bfloat16")
+    serving = ServingConfig(max_model_len=32768, dtype="bfloat16", request_tokens=768)
     resolved = resolve_batch(folder, serving, GPU)
-    expected = int(
-        plan_for_dir(folder, serving.model_copy(update={"max_num_seqs": 1}), GPU)
-        .options[0]
-        .max_concurrency
-    )
-    assert 1 <= resolved.max_num_seqs == expected < 16
+    option = plan_for_dir(folder, serving.model_copy(update={"max_num_seqs": 1}), GPU).options[0]
+    full_length = int(option.max_concurrency)
+    assert full_length < 16
+    # 768 tokens are 48 blocks of 16: the blocks the KV cache has, less the sampler's share
+    assert option.num_blocks // 48 - 30 <= resolved.max_num_seqs <= option.num_blocks // 48
+    assert resolved.max_num_seqs > 20 * full_length
     assert serving.max_num_seqs is None  # the config itself is left as it was
+    # longer requests, fewer sequences
+    longer = resolve_batch(folder, serving.model_copy(update={"request_tokens": 4096}), GPU)
+    assert full_length <= longer.max_num_seqs < resolved.max_num_seqs
+
+
+def test_a_release_sizes_its_servers_for_its_load_profile():
+    config = ReleaseConfig.model_validate(
+        {
+            "source": {"repo_id": "meta/llama-3-8b"},
+            "load": {"prompt_tokens": 512, "output_tokens": 256},
+        }
+    )
+    assert config.serving.request_tokens == 768
+    pinned = ReleaseConfig.model_validate(
+        {"source": {"repo_id": "meta/llama-3-8b"}, "serving": {"request_tokens": 2000}}
+    )
+    assert pinned.serving.request_tokens == 2000
 
 
 def test_a_small_model_on_a_gpu_is_capped_at_vllms_own_default(tmp_path):

@@ -1,0 +1,124 @@
+"""The GPU server's batch size when the operator sets none: as many sequences as the KV cache
+holds at the length of the requests the release is sized for, at most vLLM's own default.
+
+Why not the sequences of ``max_model_len`` the KV cache holds (the worst case, what the
+project did before): vLLM admits a request only when its prompt fits and preempts (frees
+and later recomputes) the newest running request when KV runs short
+(``v1/core/sched/scheduler.py``), so a limit sized for full-length sequences is a
+throughput limit and nothing else. On one H200 a Qwen3-30B-A3B shape at max_model_len
+32,768 with 512 + 256-token requests got 22 sequences that way and gave 0.31× vLLM's own
+throughput at 100 streams (TTFT p95 16.0 s against 0.8 s).
+
+Why not vLLM's default (1,024 on a GPU of ≥ 70 GiB) always: it is what vLLM profiles its
+sampler and CUDA graphs with, and that memory comes out of the KV cache. Where the KV cache
+is small (Qwen3.5-35B-A3B at gpu_memory_utilization 0.5 and 32,768 tokens) vLLM's profile at
+1,024 sequences left 0.32 GiB, less than one sequence, and it refused to start; and a
+hybrid (Mamba / Gated DeltaNet) model refuses to start when ``max_num_seqs`` exceeds its
+state blocks (``config/compilation.py``: "max_num_seqs (N) exceeds available Mamba cache
+blocks"). So the choice is the largest count, at most vLLM's default, for which
+
+* every admitted sequence of the workload's length has its blocks (no preemption at the
+  length the release is sized for),
+* one sequence of ``max_model_len`` still fits (the plan's own check), and
+* both hold after the sampler's profile memory for that many rows, beyond what the plan
+  already counts (it counts ``PLANNED_SAMPLER_ROWS``): ``SAMPLER_BYTES_PER_LOGIT`` per row
+  and vocabulary entry, above the 5.7 B measured between 29 and 178 rows on the H200
+  (Qwen3-30B-A3B shape, V1 model runner: its logits in the model dtype and in float32,
+  the softmax and the exponential noise of ``_dummy_sampler_run``).
+
+A hybrid model's state blocks come from the same pool, so the first rule keeps
+``max_num_seqs`` below them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from llm_release.sizing.architecture import Record
+from llm_release.sizing.kv import Runtime, kv_layout
+from llm_release.sizing.planner import CapacityPlan
+
+# vLLM's default max_num_seqs for its OpenAI server (engine/arg_utils.py get_batch_defaults,
+# 0.26 and 0.32): 1,024 on a GPU of at least 70 GiB that is not an A100, 256 otherwise.
+VLLM_DEFAULT_SEQS_LARGE_GPU = 1024
+VLLM_DEFAULT_SEQS = 256
+# the sampler rows the planner's overhead estimate already holds (planner.estimate_overhead_bytes)
+PLANNED_SAMPLER_ROWS = 256
+SAMPLER_BYTES_PER_LOGIT = 8
+
+
+def vllm_default_max_num_seqs(gpu_memory_gib: float, gpu_name: str = "") -> int:
+    if gpu_memory_gib >= 70 and "a100" not in gpu_name.lower():
+        return VLLM_DEFAULT_SEQS_LARGE_GPU
+    return VLLM_DEFAULT_SEQS
+
+
+class BatchChoice(Record):
+    max_num_seqs: int
+    workload_tokens: int = Field(description="prompt + output tokens of a typical request")
+    cap: int = Field(description="vLLM's own default, the most this chooses")
+    blocks: int = Field(description="KV blocks the plan gives one GPU")
+    blocks_per_workload_request: int
+    blocks_per_full_request: int
+    reason: str
+
+
+def sampler_blocks(seqs: int, vocab: int, bytes_per_block: int) -> int:
+    """Blocks the sampler's profile memory takes beyond the plan's own allowance."""
+    extra = max(0, seqs - PLANNED_SAMPLER_ROWS) * vocab * SAMPLER_BYTES_PER_LOGIT
+    return math.ceil(extra / bytes_per_block) if extra else 0
+
+
+def choose_max_num_seqs(plan: CapacityPlan, workload_tokens: int, cap: int) -> BatchChoice:
+    """The batch size for ``plan`` (its first option: the GPU count the server starts with)."""
+    request = plan.request
+    option = plan.options[0]
+    runtime = Runtime(
+        device=request.device,
+        tensor_parallel_size=option.tensor_parallel_size,
+        kv_cache_dtype=request.kv_cache_dtype,
+        block_size=request.block_size,
+        max_num_batched_tokens=request.max_num_batched_tokens,
+        enable_prefix_caching=request.enable_prefix_caching,
+        gpu_memory_gib=request.gpu_memory_gib,
+    )
+    length = max(1, min(workload_tokens, plan.max_model_len))
+    full = kv_layout(plan.arch, runtime, plan.max_model_len)
+    work = kv_layout(plan.arch, runtime, length)
+    blocks = option.num_blocks
+
+    def holds(seqs: int) -> bool:
+        left = blocks - sampler_blocks(seqs, plan.arch.vocab_size, full.bytes_per_block)
+        return left >= full.blocks_per_request and left >= seqs * work.blocks_per_request
+
+    lo, hi = 0, max(1, cap)
+    while lo < hi:  # holds() only turns false as seqs grows
+        mid = (lo + hi + 1) // 2
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    seqs = max(1, lo)
+    if lo == 0:
+        reason = (
+            "the KV cache does not hold one sequence of max_model_len with the sampler's "
+            "profile memory: 1 (the plan says whether it fits)"
+        )
+    elif seqs == cap:
+        reason = f"vLLM's own default {cap}: the KV cache holds more {length}-token sequences"
+    else:
+        reason = (
+            f"the {length}-token sequences (the load profile's prompt + output) the KV cache "
+            f"holds at once, below vLLM's default {cap}"
+        )
+    return BatchChoice(
+        max_num_seqs=seqs,
+        workload_tokens=length,
+        cap=cap,
+        blocks=blocks,
+        blocks_per_workload_request=work.blocks_per_request,
+        blocks_per_full_request=full.blocks_per_request,
+        reason=reason,
+    )

@@ -1,0 +1,90 @@
+"""A GPU server's default batch size: the workload's sequences the KV cache holds, at most
+vLLM's default, one max_model_len sequence still fitting, under a hybrid's state blocks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llm_release.sizing import PlanRequest, estimate_weights, parse_config, plan
+from llm_release.sizing.batch import (
+    SAMPLER_BYTES_PER_LOGIT,
+    choose_max_num_seqs,
+    sampler_blocks,
+    vllm_default_max_num_seqs,
+)
+
+DATA = Path(__file__).parents[1] / "data" / "gpu"
+H200_GIB = 139.80
+
+
+def shape_plan(name: str, util: float, length: int):
+    arch = parse_config(json.loads((DATA / f"{name}.config.json").read_text()))
+    request = PlanRequest(
+        device="gpu",
+        gpu_memory_gib=H200_GIB,
+        gpu_counts=[1],
+        gpu_memory_utilization=util,
+        max_model_len=length,
+        enable_prefix_caching=arch.linear is None,  # vLLM turns it off for hybrids
+    )
+    return plan(arch, estimate_weights(arch, "bf16"), request)
+
+
+def test_vllms_own_default_by_gpu():
+    assert vllm_default_max_num_seqs(139.8, "NVIDIA H200") == 1024
+    assert vllm_default_max_num_seqs(79.2, "NVIDIA A100-SXM4-80GB") == 256
+    assert vllm_default_max_num_seqs(44.0, "NVIDIA L40S") == 256
+
+
+def test_the_seeds_shape_gets_the_sequences_of_its_workload_not_of_32k():
+    result = shape_plan("qwen3-30b-a3b-shape", 0.9, 32768)
+    option = result.options[0]
+    choice = choose_max_num_seqs(result, 768, 1024)
+    assert int(option.max_concurrency) == 22  # what the project gave before: 0.31× vLLM
+    assert choice.blocks_per_workload_request == 48  # 768 tokens in blocks of 16
+    assert 900 < choice.max_num_seqs <= option.num_blocks // 48 < 1024
+    assert "768-token sequences" in choice.reason
+
+
+def test_a_small_kv_cache_never_gets_vllms_default_and_still_holds_max_model_len():
+    """Qwen3.5-35B-A3B at 0.5 and 32k: vLLM's 1,024 left less than one sequence (it refused
+    to start); the choice stays under the state blocks and keeps one 32k sequence."""
+    result = shape_plan("qwen3.5-35b-a3b-shape", 0.5, 32768)
+    option = result.options[0]
+    choice = choose_max_num_seqs(result, 768, 1024)
+    assert result.fits
+    assert 1 <= choice.max_num_seqs < option.num_blocks  # vLLM refuses more than its blocks
+    used = choice.max_num_seqs * choice.blocks_per_workload_request
+    assert used <= option.num_blocks
+    assert choice.max_num_seqs < 100
+
+
+def test_vllms_default_when_the_kv_cache_holds_more_than_it():
+    result = shape_plan("llama-2.5b-random", 0.9, 4096)
+    choice = choose_max_num_seqs(result, 768, 1024)
+    assert choice.max_num_seqs == 1024 and "own default" in choice.reason
+
+
+def test_the_choice_falls_as_requests_grow_and_as_the_cap_does():
+    result = shape_plan("qwen3-30b-a3b-shape", 0.9, 32768)
+    counts = [choose_max_num_seqs(result, n, 1024).max_num_seqs for n in (256, 768, 4096, 32768)]
+    assert counts == sorted(counts, reverse=True)
+    assert counts[-1] == int(result.options[0].max_concurrency)  # the worst case is the floor
+    assert choose_max_num_seqs(result, 768, 256).max_num_seqs == 256
+
+
+def test_the_sampler_share_counts_only_rows_beyond_what_the_plan_holds():
+    assert sampler_blocks(256, 151_936, 1 << 20) == 0
+    blocks = sampler_blocks(1024, 151_936, 1 << 20)
+    assert blocks == -(-768 * 151_936 * SAMPLER_BYTES_PER_LOGIT // (1 << 20))
+
+
+@pytest.mark.parametrize("util", [0.47, 0.48])
+def test_a_model_that_does_not_hold_one_sequence_gets_one(util):
+    result = shape_plan("qwen3.5-35b-a3b-shape", util, 32768)
+    assert not result.fits and result.options[0].max_concurrency < 1
+    choice = choose_max_num_seqs(result, 768, 1024)
+    assert choice.max_num_seqs == 1 and "does not hold one sequence" in choice.reason
