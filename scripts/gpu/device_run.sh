@@ -20,7 +20,7 @@
 # proof's output and the server logs ($OUT/proof-logs.tgz).
 set -uo pipefail
 : "${OUT:=/tmp/out}"
-mode=${1:?usage: device_run.sh prepare|measure STEP... | tune BENCH-ARGS...}
+mode=${1:?usage: device_run.sh prepare|measure STEP... | tune BENCH-ARGS... | batch BENCH-ARGS...}
 shift
 ROOT=$(pwd)
 WORK=/tmp/proof
@@ -67,11 +67,16 @@ if [ -f .vc/PIECES.sha256 ] && [ ! -f /tmp/site/.installed ]; then
     touch /tmp/site/.installed || { log "vllm carry: unpack failed"; exit 3; }
   log "vllm carry: $(du -sh /tmp/site | cut -f1) in /tmp/site"
 fi
-# the MoE kernels, carried on a trip of their own (moe_C.so.xz, 14.4 MB)
-if [ -f .vc/moe_C.so.xz ] && [ -f /tmp/site/.installed ] && [ ! -f /tmp/site/.moe ]; then
-  (cd .vc && sha256sum -c --quiet MOE.sha256) && xz -dc .vc/moe_C.so.xz \
-    > /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so && touch /tmp/site/.moe &&
-    log "vllm carry: MoE kernels installed" || { log "vllm carry: MoE kernels failed"; exit 3; }
+# the MoE kernels (moe_C.so.xz, 14.4 MB), carried on a trip of their own, before or after
+# the rest of vLLM: kept in /tmp/parts until vLLM is there
+if [ -f .vc/moe_C.so.xz ] && [ -f .vc/MOE.sha256 ]; then
+  (cd .vc && sha256sum -c --quiet MOE.sha256) && cp .vc/moe_C.so.xz .vc/MOE.sha256 /tmp/parts/ ||
+    { log "vllm carry: MoE kernels checksum failed"; exit 3; }
+fi
+if [ -f /tmp/parts/moe_C.so.xz ] && [ -f /tmp/site/.installed ] && [ ! -f /tmp/site/.moe ]; then
+  xz -dc /tmp/parts/moe_C.so.xz > /tmp/site/vllm/_moe_C_stable_libtorch.abi3.so &&
+    touch /tmp/site/.moe && log "vllm carry: MoE kernels installed" ||
+    { log "vllm carry: MoE kernels failed"; exit 3; }
 fi
 # the serving python the project finds through LLM_RELEASE_VLLM_PYTHON
 printf '#!/bin/sh\nPYTHONPATH=/tmp/site exec python3 "$@"\n' > /tmp/vpy && chmod +x /tmp/vpy
@@ -89,6 +94,23 @@ if [ "$mode" = tune ]; then
   cp "$WORK"/tune*.json "$OUT"/ 2>/dev/null
   (cd "$WORK/home" && find . -path '*bench-tune*' -name '*.json' -o -path '*bench-tune*' -name 'vllm.log' |
     tar -czf "$OUT/tune-logs.tgz" -T - ) 2>/dev/null
+  exit "$rc"
+fi
+
+# batch: bench/gpu_batch_default.py (the project's default max_num_seqs against vLLM's own on
+# the seeds' workload); rows accumulate in /tmp/proof/batch.jsonl, sent back each trip
+if [ "$mode" = batch ]; then
+  [ -f .vp/tok.tar.xz ] && [ ! -f /tmp/tok/tokenizer.json ] && mkdir -p /tmp/tok &&
+    tar -C /tmp/tok -xJf .vp/tok.tar.xz
+  log "batch $*"
+  python3 bench/gpu_batch_default.py "$@" --work "$WORK" --jsonl "$WORK/batch.jsonl" 2>&1 |
+    tee -a "$OUT/batch.log" | grep -E '^\{|x; TTFT|Error|error|Traceback' | cut -c1-900
+  rc=${PIPESTATUS[0]}
+  log "batch ended with $rc"
+  cp "$WORK/batch.jsonl" "$OUT/" 2>/dev/null
+  (cd "$WORK" && find runs -path '*batch-*' \( -name 'vllm.log' -o -name 'guidellm*.log' \) |
+    tar -czf "$OUT/batch-logs.tgz" -T - ) 2>/dev/null
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader >> "$OUT/steps.log"
   exit "$rc"
 fi
 

@@ -1,0 +1,179 @@
+"""Benchmark (GPU): the project's default max_num_seqs against vLLM's own default on the
+seeds' workload — full-size shapes from config.json alone (``--load-format dummy``),
+max_model_len 32,768, 512 prompt + 256 output tokens, GuideLLM at 10 / 50 / 100 streams.
+
+Each setting is one server started by the project's own code (``VllmServer``: the
+project's argv, the plan, the batch chooser of ``sizing/batch.py``), measured by the
+project's load test (GuideLLM), then stopped:
+
+  project-default  max_num_seqs left to the project (ServingConfig.max_num_seqs None;
+                   request_tokens 768, what a release with this load profile sets)
+  vllm-default     max_num_seqs 1024, vLLM's own default on a GPU of >= 70 GiB (what a
+                   plain ``vllm serve`` gets; the project passes every other flag alike)
+  start-only       the project's default started and stopped once its KV lines are
+                   printed (where vLLM's own default refused to start)
+
+One JSON line per setting goes to ``--jsonl`` (keys of docs/gpu-release-<date>.jsonl:
+workload, model, settings, max_num_seqs, load [concurrency, output_tok_s, ttft_p95_s,
+itl_p95_ms, errors], plus the KV report), and the ratio project-default / vllm-default per
+level is printed once both are in the file. Runs on the device through
+``scripts/gpu/device_run.sh batch ...``:
+
+    python3 bench/gpu_batch_default.py --shape moe-full --settings project-default,vllm-default \\
+        --jsonl /tmp/proof/batch.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+sys.path.insert(0, str(ROOT))
+
+LEVELS = [10, 50, 100]
+SETTINGS = ("project-default", "vllm-default", "start-only")
+
+
+def serving_for(setting: str, util: float, flags: list[str]):
+    from llm_release.config import ServingConfig
+
+    seqs = 1024 if setting == "vllm-default" else None
+    return ServingConfig(
+        max_model_len=32768,
+        max_num_seqs=seqs,
+        request_tokens=768,
+        gpu_memory_utilization=util,
+        dtype="bfloat16",
+        extra_args=flags,
+        startup_timeout_s=540,
+    )
+
+
+def run_setting(shape: str, setting: str, util: float, work: Path, requests: int) -> dict:
+    from release_proof import DUMMY_MODELS, models_for, serving_flags_for
+
+    from llm_release.config import LoadProfile
+    from llm_release.errors import ReleaseError
+    from llm_release.load.loadtest import run_load_test
+    from llm_release.serving.serve import Owner, VllmServer
+    from llm_release.sizing.vllm_report import parse_vllm_kv_report
+
+    tok = Path(os.environ.get("TOKENIZER_DIR", "/tmp/tok"))
+    description, model_dir, tokenizer = models_for(shape, work, tok if tok.is_dir() else None)
+    serving = serving_for(setting, util, serving_flags_for(shape))
+    run = work / "runs" / f"batch-{shape}-{setting}-{util}"
+    run.mkdir(parents=True, exist_ok=True)
+    row: dict = {
+        "workload": "seeds-shape",
+        "model": DUMMY_MODELS[shape][1],
+        "settings": setting,
+        "gpu_memory_utilization": util,
+        "max_model_len": serving.max_model_len,
+        "prompt_tokens": 512,
+        "output_tokens": 256,
+    }
+    server = VllmServer(
+        model_dir, [shape], serving, run / "vllm.log", owner=Owner(candidate=setting)
+    )
+    started = time.monotonic()
+    try:
+        with server:
+            endpoint = server.endpoint()
+            row["startup_s"] = round(time.monotonic() - started, 1)
+            row["max_num_seqs"] = server.serving.max_num_seqs
+            report = parse_vllm_kv_report(server.log_text())
+            if report is not None:
+                row["kv_tokens_vllm"] = report.kv_cache_tokens
+                row["max_concurrency_vllm"] = report.max_concurrency
+            if setting != "start-only":
+                profile = LoadProfile(
+                    concurrencies=LEVELS,
+                    requests_per_level=requests,
+                    prompt_tokens=512,
+                    output_tokens=256,
+                    max_seconds_per_level=120,
+                )
+                result = run_load_test(
+                    endpoint.base_url, endpoint.served_name, tokenizer, profile, run, max_attempts=1
+                )
+                row["load"] = [
+                    {
+                        "concurrency": lv.concurrency,
+                        "requests": lv.requests,
+                        "output_tok_s": round(lv.output_tokens_per_s, 1),
+                        "ttft_p95_s": round(lv.ttft_p95_ms / 1000, 4),
+                        "itl_p95_ms": round(lv.itl_p95_ms, 3),
+                        "errors": lv.errors,
+                    }
+                    for lv in result.levels
+                ]
+        row["healthy"] = True
+    except ReleaseError as exc:
+        row["healthy"] = False
+        row["error"] = str(exc).splitlines()[0][:600]
+        row.setdefault("max_num_seqs", server.serving.max_num_seqs)
+    row["wall_s"] = round(time.monotonic() - started, 1)
+    return row
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """project-default / vllm-default output tok/s per level, per model and utilization."""
+    lines = []
+    by = {
+        (r["model"], r["gpu_memory_utilization"], r["settings"]): r for r in rows if r.get("load")
+    }
+    for (model, util, setting), row in by.items():
+        if setting != "project-default" or (model, util, "vllm-default") not in by:
+            continue
+        base = {lv["concurrency"]: lv for lv in by[(model, util, "vllm-default")]["load"]}
+        for lv in row["load"]:
+            ref = base.get(lv["concurrency"])
+            if ref and ref["output_tok_s"]:
+                lines.append(
+                    f"{model[:32]} u{util} c{lv['concurrency']}: project-default "
+                    f"{lv['output_tok_s']:,.0f} tok/s (max_num_seqs {row['max_num_seqs']}) / "
+                    f"vllm-default {ref['output_tok_s']:,.0f} = "
+                    f"{lv['output_tok_s'] / ref['output_tok_s']:.2f}x; TTFT p95 "
+                    f"{lv['ttft_p95_s']:.2f} vs {ref['ttft_p95_s']:.2f} s"
+                )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--shape", choices=["moe-full", "hybrid"], required=True)
+    parser.add_argument("--settings", default="project-default,vllm-default")
+    parser.add_argument("--utilization", type=float, default=0.9)
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/proof"))
+    parser.add_argument("--jsonl", type=Path, required=True)
+    args = parser.parse_args(argv)
+    settings = [s for s in args.settings.split(",") if s and s != "none"]
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        parser.error(f"unknown settings {unknown}; choose from {', '.join(SETTINGS)}")
+    # the operator of this benchmark allows --load-format (not on the run-form allow-list)
+    os.environ["LLM_RELEASE_ALLOW_SERVING_FLAGS"] = "--load-format"
+    if not settings:
+        print("gpu_batch_default: no settings to run (an install trip)")
+        return 0
+    for setting in settings:
+        row = run_setting(args.shape, setting, args.utilization, args.work, args.requests)
+        with args.jsonl.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+    rows = [json.loads(line) for line in args.jsonl.read_text().splitlines() if line.strip()]
+    for line in ratios(rows):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
