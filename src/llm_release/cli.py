@@ -393,25 +393,57 @@ def _default_max_model_len() -> int:
     return ServingConfig.model_fields["max_model_len"].default
 
 
-def serving_max_model_len(config: str | None) -> int:
-    """The max_model_len the release serves at: ``serving.max_model_len`` of the release
-    config JSON ``config`` (e.g. configs/demo.json), else ServingConfig's default."""
+def serving_of(config: str | None):
+    """``serving`` of the release config JSON ``config`` (e.g. configs/demo.json), else
+    ServingConfig's defaults."""
     from llm_release.config import ServingConfig
     from llm_release.errors import ConfigError
 
     if not config:
-        return _default_max_model_len()
+        return ServingConfig()
     try:
         data = json.loads(Path(config).read_text())
         serving = data.get("serving", {}) if isinstance(data, dict) else None
         if not isinstance(serving, dict):
             raise ValueError("its 'serving' is not an object")
-        return ServingConfig.model_validate(serving).max_model_len
+        return ServingConfig.model_validate(serving)
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"--config {config}: {one_line(exc)}",
             hint="pass a release config JSON (like configs/demo.json), or --max-model-len",
         ) from None
+
+
+def serving_max_model_len(config: str | None) -> int:
+    """The max_model_len the release serves at: ``serving.max_model_len`` of the release
+    config JSON ``config``, else ServingConfig's default."""
+    return serving_of(config).max_model_len
+
+
+def plan_settings(args: argparse.Namespace) -> dict:
+    """The serving settings a plan is made for: a flag given wins, the --config file's
+    value otherwise (its typed field, or the same flag in its extra_args), else the default."""
+    from llm_release.sizing.planner import _flag
+
+    serving = serving_of(args.config)
+    extra = serving.parallel_args() + list(serving.extra_args)
+    file_kv = _flag(extra, "--kv-cache-dtype") or "auto"
+    file_batched = _flag(extra, "--max-num-batched-tokens")
+    file_dtype = serving.dtype if serving.dtype != "fastest" else "auto"
+
+    def given(name, fallback):
+        value = getattr(args, name)
+        return fallback if value is None else value
+
+    return {
+        "gpu_memory_utilization": given("gpu_memory_utilization", serving.gpu_memory_utilization),
+        "kv_cache_dtype": given("kv_cache_dtype", "fp8" if file_kv.startswith("fp8") else "auto"),
+        "dtype": given("dtype", file_dtype),
+        "enable_prefix_caching": given("enable_prefix_caching", serving.enable_prefix_caching),
+        "max_num_batched_tokens": given(
+            "max_num_batched_tokens", int(file_batched) if file_batched else None
+        ),
+    }
 
 
 def model_maximum_note(planner, files, request, result, args) -> str | None:
@@ -487,7 +519,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "(pass --gpu-memory-gib for the target host's card)"
         )
         gpu_memory = gpu_memory or ASSUMED_GPU_MEMORY_GIB
-    if args.cpu_kvcache_gib and args.kv_cache_dtype != "auto" and not _has_gpu():
+    chosen = plan_settings(args)
+    if args.cpu_kvcache_gib and chosen["kv_cache_dtype"] != "auto" and not _has_gpu():
         # a CPU plan on a CPU host: its vLLM must be able to hold the KV dtype
         # (LLM_RELEASE_CPU_FLAGS plans for a CPU of another kind)
         from llm_release.hardware import detect
@@ -495,7 +528,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         host = detect()
         why = cpu_kernels.fp8_kv_refusal(
-            args.kv_cache_dtype,
+            chosen["kv_cache_dtype"],
             cpu_kernels.from_host(host),
             cpu_kernels.head_size(files.config),
             host.cpu.model_name,
@@ -506,12 +539,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         device="cpu" if args.cpu_kvcache_gib else "gpu",
         gpu_memory_gib=gpu_memory or 80.0,
         gpu_counts=gpus or [1],
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=chosen["gpu_memory_utilization"],
         cpu_kvcache_space_gib=args.cpu_kvcache_gib or 1,
         max_model_len=args.max_model_len or serving_max_model_len(args.config),
         concurrency=args.concurrency,
-        kv_cache_dtype=args.kv_cache_dtype,
-        dtype=args.dtype,
+        kv_cache_dtype=chosen["kv_cache_dtype"],
+        dtype=chosen["dtype"],
+        enable_prefix_caching=chosen["enable_prefix_caching"],
+        max_num_batched_tokens=chosen["max_num_batched_tokens"],
         mamba_ssm_dtype=planner.cpu_ssm_dtype_for_host() if args.cpu_kvcache_gib else "auto",
     )
     request = corrections.apply(request, args.vllm_version or corrections.runtime_vllm_version())
@@ -654,7 +689,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="memory per GPU (default: GPU 0's as torch reads it; 80 when there is no GPU)",
     )
     plan.add_argument("--gpus", default="1,2,4,8", help="tensor-parallel sizes to try")
-    plan.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    plan.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        help="default: --config's serving.gpu_memory_utilization, else 0.9",
+    )
     plan.add_argument("--cpu-kvcache-gib", type=int, help="plan for vLLM CPU with this KV space")
     plan.add_argument(
         "--max-model-len",
@@ -666,12 +705,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help="a release config JSON (e.g. configs/demo.json): its serving settings"
     )
     plan.add_argument("--concurrency", type=int, default=1, help="sequences at max-model-len")
-    plan.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto")
+    plan.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "fp8"],
+        help="default: --config's serving.kv_cache_dtype (or its extra_args), else auto",
+    )
     plan.add_argument(
         "--dtype",
         choices=["auto", "bfloat16", "float16", "float32"],
-        default="auto",
-        help="the served dtype (vLLM --dtype); KV 'auto' follows it",
+        help="the served dtype (vLLM --dtype); KV 'auto' follows it (default: --config's "
+        "serving.dtype when it names one, else auto)",
+    )
+    plan.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default: --config's serving.enable_prefix_caching, else on (hybrid models: "
+        "the state blocks a request holds)",
+    )
+    plan.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        help="vLLM's batch budget (sliding-window reservations, the activation peak); "
+        "default: --config's extra_args, else vLLM's own",
     )
     plan.add_argument(
         "--vllm-version",

@@ -79,3 +79,49 @@ def test_plan_says_which_gpu_memory_it_assumed(long_model, capsys):
     )
     plan = json.loads(capsys.readouterr().out)
     assert plan["request"]["gpu_memory_gib"] == 139.8
+
+
+def test_plan_sizes_with_the_config_files_serving_settings_and_a_flag_wins(
+    long_model, tmp_path, capsys
+):
+    """issue 35: a plan for 0.5 and fp8 KV came out for 0.9 and bf16 (only the length was
+    read from the file)."""
+    config = tmp_path / "release.json"
+    config.write_text(
+        json.dumps(
+            {
+                "serving": {
+                    "max_model_len": 1024,
+                    "gpu_memory_utilization": 0.5,
+                    "kv_cache_dtype": "fp8",
+                    "enable_prefix_caching": False,
+                    "extra_args": ["--max-num-batched-tokens", "1024"],
+                }
+            }
+        )
+    )
+    base = ["plan", str(long_model), "--gpus", "1", "--config", str(config), "--json"]
+    assert main(base) == 0
+    request = json.loads(capsys.readouterr().out)["request"]
+    assert request["gpu_memory_utilization"] == 0.5
+    assert request["kv_cache_dtype"] == "fp8"
+    assert request["enable_prefix_caching"] is False
+    assert request["max_num_batched_tokens"] == 1024
+    assert request["max_model_len"] == 1024
+    flags = ["--gpu-memory-utilization", "0.8", "--kv-cache-dtype", "auto"]
+    flags += ["--enable-prefix-caching", "--max-num-batched-tokens", "4096"]
+    assert main(base + flags) == 0
+    request = json.loads(capsys.readouterr().out)["request"]
+    assert request["gpu_memory_utilization"] == 0.8
+    assert request["kv_cache_dtype"] == "auto"
+    assert request["enable_prefix_caching"] is True
+    assert request["max_num_batched_tokens"] == 4096
+    # fp8 KV halves the bytes: the file's setting shows in the figure, not only the request
+    assert main(base) == 0
+    fp8 = json.loads(capsys.readouterr().out)["options"][0]["kv_bytes_per_token"]
+    assert main(base + ["--kv-cache-dtype", "auto"]) == 0
+    assert json.loads(capsys.readouterr().out)["options"][0]["kv_bytes_per_token"] == 2 * fp8
+    # no file: the defaults as before
+    assert main(["plan", str(long_model), "--gpus", "1", "--json"]) == 0
+    request = json.loads(capsys.readouterr().out)["request"]
+    assert request["gpu_memory_utilization"] == 0.9 and request["kv_cache_dtype"] == "auto"
