@@ -22,7 +22,7 @@ PIDS := $(LLM_RELEASE_HOME)/pids
 HUB_URL := http://127.0.0.1:$(HUB_PORT)
 PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 
-.PHONY: help setup image demo test test-fast lint hub-up prefect-up worker-up up down status bench
+.PHONY: help setup wheelhouse image demo test test-fast lint hub-up prefect-up worker-up up down status bench
 
 help:
 	@echo "make demo      set up everything, release SmolLM2-135M-Instruct, then walk its next revision as a canary"
@@ -33,10 +33,24 @@ help:
 	@echo "make worker-up deploy prefect.yaml and start a process worker (what the UI's Run button needs)"
 	@echo "make demo SERVING_BACKEND=docker   the demo with vLLM in containers"
 	@echo "make status    show the releases behind the load balancer"
+	@echo "make setup [TARGET=cpu|gpu] [HOST_TORCH=1] [WHEELHOUSE=DIR]   what demo and test run first; the branch (cpu, gpu) is printed"
+	@echo "make wheelhouse WHEELHOUSE=DIR [TARGET=cpu|gpu] [PYTHON_VERSION=3.12] [PLATFORM=manylinux_2_35_x86_64] [ONLY=serving|pipeline]"
+	@echo "               every wheel a target's virtualenvs need, for 'make setup WHEELHOUSE=DIR' on a host"
+	@echo "               with no registry (docs/gpu-host.md, 'Setup on a GPU host'; pins: scripts/setup-pins.sh)"
 
+# setup's branch is cpu, or gpu where nvidia-smi lists a GPU; TARGET=cpu|gpu forces one,
+# HOST_TORCH=1 uses the host's CUDA torch, WHEELHOUSE=DIR installs from DIR with no registry,
+# ONLY=serving|pipeline makes one virtualenv (bash scripts/setup.sh --plan prints what it would do).
+SETUP_ARGS = $(if $(TARGET),--target $(TARGET)) $(if $(filter 1 true yes,$(HOST_TORCH)),--host-torch) \
+  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(ONLY),--only $(ONLY))
 setup:
-	@start=$$(date +%s); bash scripts/setup.sh && echo "setup: $$(( $$(date +%s) - start )) s"
+	@start=$$(date +%s); bash scripts/setup.sh $(SETUP_ARGS) && echo "setup: $$(( $$(date +%s) - start )) s"
 	@mkdir -p $(PREFECT_HOME)
+
+wheelhouse:
+	@start=$$(date +%s); bash scripts/wheelhouse.sh $(WHEELHOUSE) $(if $(TARGET),--target $(TARGET)) \
+	  $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) $(if $(PLATFORM),--platform $(PLATFORM)) \
+	  $(if $(ONLY),--only $(ONLY)) && echo "wheelhouse: $$(( $$(date +%s) - start )) s"
 
 image: setup
 	@start=$$(date +%s); $(CLI) image build && echo "image: $$(( $$(date +%s) - start )) s"
