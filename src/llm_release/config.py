@@ -16,7 +16,13 @@ from pydantic import (
 
 from llm_release.errors import ConfigError
 from llm_release.hub.credentials import check_endpoint
-from llm_release.safety import SET_NAME
+from llm_release.safety import (
+    MAX_SERVED_NAME,
+    SERVED_NAME,
+    SERVED_NAME_PATTERN,
+    SERVED_NAME_RULE,
+    SET_NAME,
+)
 from llm_release.serving.serving_flags import check_serving_args
 
 __all__ = ["check_serving_args"]  # re-exported: llm_release.serving.serving_flags has the list
@@ -33,6 +39,8 @@ def _set_name(value: str, what: str) -> str:
     return value
 
 
+# A candidate's name, short enough that its release id (name, commit, time) is a served name.
+MAX_CANDIDATE_NAME = 64
 # A CPU server's batch when the config names none (the demo host's two cores).
 CPU_MAX_NUM_SEQS = 16
 # vLLM's own --max-num-seqs on a GPU of >= 70 GiB (engine/arg_utils.py get_batch_defaults).
@@ -136,9 +144,15 @@ class CandidateConfig(StrictModel):
 
     @field_validator("name")
     @classmethod
-    def _name_shape(cls, value: str) -> str:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", value):
-            raise ValueError(f"candidate name {value!r}: use lower-case letters, digits, '-', '_'")
+    def _name_shape(cls, value: str, info: ValidationInfo) -> str:
+        # A release id is '<candidate>-<commit[:8]>-<time>': it stays a served name (a
+        # config recorded before the bound loads as written).
+        too_long = len(value) > MAX_CANDIDATE_NAME and not _stored(info)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", value) or too_long:
+            raise ValueError(
+                f"candidate name {value[:80]!r}: use lower-case letters, digits, '-', '_' "
+                f"(at most {MAX_CANDIDATE_NAME} characters)"
+            )
         return value
 
 
@@ -664,7 +678,8 @@ class ReleaseConfig(StrictModel):
     public_name: str | None = Field(
         None,
         description="the model name clients call; default: the repo's last path part",
-        pattern=r"^[A-Za-z0-9][\w.-]*$",
+        pattern=SERVED_NAME_PATTERN,
+        max_length=MAX_SERVED_NAME,
     )
     replaces_service: bool = Field(
         False,
@@ -693,6 +708,18 @@ class ReleaseConfig(StrictModel):
         # measured with
         if self.serving.request_tokens is None:
             self.serving.request_tokens = self.load.prompt_tokens + self.load.output_tokens
+        return self
+
+    @model_validator(mode="after")
+    def _served_name_is_a_name(self, info: ValidationInfo) -> ReleaseConfig:
+        # The default public name is the repo's last part: the same rule as public_name.
+        name = self.served_name()
+        if self.public_name is None and not _stored(info):
+            if len(name) > MAX_SERVED_NAME or not SERVED_NAME.fullmatch(name):
+                raise ValueError(
+                    f"the repo's name {name[:80]!r} is no public name (public_name: "
+                    f"{SERVED_NAME_RULE}): set public_name"
+                )
         return self
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@ operator's environment, and by tests and CI)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from llm_release.settings import settings
@@ -47,6 +48,27 @@ def runs_dir() -> Path:
 
 def models_dir() -> Path:
     return home() / "models"
+
+
+def candidates_dir() -> Path:
+    """Quantized candidates, one folder each (``quantization.quantize``)."""
+    return home() / "candidates"
+
+
+def model_roots() -> tuple[Path, Path]:
+    """The folders the project's own models live in: downloads (local folders are copied
+    there too) and quantized candidates. A release serves and publishes only from these."""
+    return models_dir(), candidates_dir()
+
+
+def own_model_folder(path: str | Path) -> Path | None:
+    """``path`` resolved (links followed, '..' collapsed) when it lies strictly inside one
+    of ``model_roots``; None otherwise (a folder outside, a root itself, a link out)."""
+    real = Path(os.path.realpath(path))
+    for root in model_roots():
+        if Path(os.path.realpath(root)) in real.parents:
+            return real
+    return None
 
 
 def router_dir() -> Path:

@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy.orm import Session
 
-from llm_release import paths
+from llm_release import paths, safety
 from llm_release.config import STORED, ServingConfig
-from llm_release.errors import StateError
+from llm_release.errors import ReleaseError, StateError
 from llm_release.record import store
 from llm_release.record.state import read_releases, read_state, write_state
 
@@ -69,6 +69,35 @@ class Release(BaseModel):
         None, description="where the folder came from (None: deployed before it was recorded)"
     )
 
+    @field_validator("release_id", "public_name", "candidate")
+    @classmethod
+    def _served_name(cls, value: str, info) -> str:
+        # Each becomes a name after vLLM's --served-model-name, read back from a record
+        # anyone with access to its database can edit: the run form's rule, records included
+        # (the pipeline never wrote another).
+        try:
+            return safety.served_name(value, info.field_name)
+        except safety.UnsafeNameError as exc:
+            raise ValueError(exc.message) from None
+
+
+def recorded_model_dir(release: Release, what: str, error: type[ReleaseError] = StateError) -> Path:
+    """``release.model_dir`` resolved, when it is one of the project's own model folders
+    (``paths.model_roots``: downloads and quantized candidates), links and '..' followed;
+    ``error`` in one line otherwise. The record is input: anyone who can edit its database
+    could name any folder of the worker, which a restart would serve and a publish upload."""
+    real = paths.own_model_folder(release.model_dir)
+    if real is None:
+        roots = " or ".join(str(root) for root in paths.model_roots())
+        raise error(
+            f"{what} model_dir {release.model_dir[:300]!r} is outside the project's model "
+            f"folders ({roots})",
+            hint="the record was edited, or its database is another project home's: "
+            "restore the record from a backup, or point LLM_RELEASE_DATABASE_URL at this "
+            "home's own record",
+        )
+    return real
+
 
 class RolloutStatus(BaseModel):
     """Where the canary's walk stands, for 'llm-release canary status'."""
@@ -114,12 +143,26 @@ def registry_path() -> Path:
     return paths.home() / "releases.json"
 
 
+def _first_error(exc: ValidationError) -> str:
+    """The first thing wrong, in one line: which field and why."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return type(exc).__name__
+    error = errors[0]
+    loc = [str(part) for part in error.get("loc", ())]
+    where = ".".join(loc) or "its row"
+    message = " ".join(str(error.get("msg", "")).removeprefix("Value error, ").split())
+    if loc and message.startswith(loc[-1] + " "):  # a message that names its field itself
+        return f"{where}{message[len(loc[-1]) :]}"[:400]
+    return f"{where}: {message}"[:400]
+
+
 def _state(stored: dict) -> RegistryState:
     try:
         # Records the pipeline wrote: they load under the rules they were written with.
         return RegistryState.model_validate(stored, context=STORED)
     except ValidationError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        first = _first_error(exc)
         where = store.shown(store.database_url())
         raise StateError(
             f"the release registry in the record {where} is corrupt ({first})",
@@ -147,7 +190,7 @@ def releases() -> list[tuple[Release, str]]:
         try:
             out.append((Release.model_validate(raw, context=STORED), state))
         except ValidationError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            first = _first_error(exc)
             raise StateError(
                 f"release {raw.get('release_id')!r} in the record is corrupt ({first})",
                 hint="fix its row (docs/record.md) or restore the record from a backup",

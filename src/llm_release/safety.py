@@ -29,6 +29,16 @@ RESERVED_SUFFIX = ".part"
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # Eval sets and calibration sets: one folder or file name, lower case.
 SET_NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")
+# A name vLLM serves a model under (a release's public name, its release id, a candidate's
+# name): the run form's rule for public_name, and the record's for every name read back.
+# It never starts with '-' (vLLM's argv would read it as a flag) and holds no '/' or space.
+SERVED_NAME_PATTERN = r"^[A-Za-z0-9][\w.-]*$"
+SERVED_NAME = re.compile(SERVED_NAME_PATTERN)
+MAX_SERVED_NAME = 128
+SERVED_NAME_RULE = (
+    f"letters, digits, '.', '_' and '-', starting with a letter or digit, at most "
+    f"{MAX_SERVED_NAME} characters"
+)
 
 
 class UnsafeNameError(ConfigError):
@@ -99,6 +109,16 @@ def commit_id(commit: object, source: str) -> str:
             hint="the hub is misconfigured or hostile; do not use it",
         )
     return commit
+
+
+def served_name(name: object, what: str) -> str:
+    """A name a model is served under, or :class:`UnsafeNameError` (one line)."""
+    if not isinstance(name, str) or len(name) > MAX_SERVED_NAME or not SERVED_NAME.fullmatch(name):
+        raise UnsafeNameError(
+            f"{what} {ascii(name)[:80]} is not a served name ({SERVED_NAME_RULE})",
+            hint="name the model with letters and digits; a name may not read as a flag",
+        )
+    return name
 
 
 def set_name(name: object, what: str) -> str:

@@ -6,7 +6,9 @@ card parses back with huggingface_hub. Hostile writes are refused by the hub its
 import base64
 import hashlib
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import requests
@@ -228,3 +230,27 @@ def test_hostile_writes_are_refused(write_hub, hub_root):
     lfs = {"key": "lfsFile", "value": {"path": "w.safetensors", "algo": "sha256", "oid": oid}}
     assert _commit(write_hub, [lfs]).status_code == 422
     assert not list((hub_root / REPO).rglob(oid))
+
+
+def test_a_record_naming_a_folder_outside_the_model_folders_uploads_and_deletes_nothing(
+    release, write_hub, tmp_path
+):
+    from llm_release.hub.acquire import resolve
+
+    first = publish_release(release, target_for(write_hub))
+    ssh = tmp_path / "dotssh"
+    ssh.mkdir()
+    (ssh / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n")
+    (ssh / "config.json").write_text("{}")
+    link = Path(release.model_dir).parent / "linked-out"
+    link.symlink_to(ssh, target_is_directory=True)
+    dotted = Path(release.model_dir) / os.path.relpath(ssh, release.model_dir)  # '..' out
+    for model_dir in (ssh, link, dotted):
+        hostile = release.model_copy(update={"model_dir": str(model_dir)})
+        with pytest.raises(PublishError, match="outside the project's model folders"):
+            publish_release(hostile, target_for(write_hub))
+    source = SourceConfig(repo_id=REPO, revision="main", endpoint=write_hub.url)
+    commit, files = resolve(source, token=HubToken(endpoint=write_hub.url, token=SECRET))
+    assert commit == first.commit, "the repo moved: something was uploaded or deleted"
+    assert sorted(f.path for f in files) == sorted(first.files)
+    assert "id_ed25519" not in {f.path for f in files}

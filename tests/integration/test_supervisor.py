@@ -226,8 +226,8 @@ def test_up_brings_the_recorded_releases_back_behind_the_router_with_their_weigh
             str(record),
         ],
     )
-    model = home / "m"
-    model.mkdir()
+    model = home / "models" / "m"  # a restart serves only the project's own model folders
+    model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
 
     def target(name: str) -> DeployTarget:

@@ -147,3 +147,17 @@ def test_the_canary_is_held_to_the_error_ceiling_its_measurement_passed():
     )
     assert explicit.rollout.analysis.error_ceiling() == 0.05
     assert AnalysisConfig().error_ceiling() == Gates().max_error_rate  # no release config
+
+
+def test_served_names_follow_one_rule_with_a_bound():
+    from llm_release.config import SourceConfig
+
+    for bad in ("--host=0.0.0.0", "-x", "a b", "x" * 129, "a/b"):
+        with pytest.raises(ValidationError, match="public_name"):
+            ReleaseConfig(source=SourceConfig(repo_id="a/b"), public_name=bad)
+    with pytest.raises(ValidationError, match="set public_name"):
+        ReleaseConfig(source=SourceConfig(repo_id="a/_b"))
+    assert ReleaseConfig(source=SourceConfig(repo_id="a/_b"), public_name="b").served_name() == "b"
+    assert ReleaseConfig(source=SourceConfig(repo_id="a/b.c-d_e")).served_name() == "b.c-d_e"
+    with pytest.raises(ValidationError, match="at most 64 characters"):
+        CandidateConfig(name="c" * 65, scheme="FP8_DYNAMIC")

@@ -106,18 +106,20 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
 
 def _restart(release: Release, role: str = "stable") -> Release:
     # The registry is a record anyone with access to its database can edit: a restart
-    # serves a model and writes a log only under the home, where the pipeline put them.
+    # serves a model only from the project's own model folders (the check publishing makes
+    # too) and writes a log only under the home, where the pipeline put them.
+    what = f"the release registry's {role} release"
+    model_dir = registry.recorded_model_dir(release, what)
     home = paths.home()
-    for what, value in (("model_dir", release.model_dir), ("log_path", release.log_path)):
-        if not safety.within(home, value):
-            raise StateError(
-                f"the release registry's {role} release {what} {value!r} is outside {home}",
-                hint="the record was edited, or its database is another project home's: "
-                "restore the record from a backup, or point LLM_RELEASE_DATABASE_URL at this "
-                "home's own record",
-            )
+    if not safety.within(home, release.log_path):
+        raise StateError(
+            f"{what} log_path {release.log_path[:300]!r} is outside {home}",
+            hint="the record was edited, or its database is another project home's: "
+            "restore the record from a backup, or point LLM_RELEASE_DATABASE_URL at this "
+            "home's own record",
+        )
     endpoint = start_detached(
-        Path(release.model_dir),
+        model_dir,
         [release.public_name, release.release_id],
         release.serving,
         Path(release.log_path),

@@ -18,6 +18,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from llm_release import registry
+from llm_release.errors import PublishError
 from llm_release.fileio import folder_sha256
 from llm_release.hub.acquire import MANIFEST_SUFFIX
 from llm_release.hub.publish import Lineage, Published, PublishTarget, publish, publish_target
@@ -121,8 +122,13 @@ def publish_release(
     target = target or publish_target()
     if target is None:
         return None
+    # The record names the folder: only one of the project's own model folders goes up,
+    # checked before any request reaches the hub (the upload replaces the repo's files).
+    model_dir = registry.recorded_model_dir(
+        release, f"release {release.release_id}", error=PublishError
+    )
     published = publish(
-        Path(release.model_dir),
+        model_dir,
         lineage_of(release),
         winner_evals(release),
         target,

@@ -15,7 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from llm_release.config import BASELINE, CHAMPION, CandidateConfig, ReleaseConfig, ServingConfig
-from llm_release.registry import Release
+from llm_release.errors import StateError
+from llm_release.registry import Release, recorded_model_dir
 from llm_release.results import CandidateResult, TuneResult
 from llm_release.serving.probe import HostSupport
 
@@ -56,17 +57,21 @@ def list_contenders(
     serving = config.serving.model_copy(update={"dtype": host.served_dtype})
     contenders: list[Contender] = []
     if champion is not None:
-        contenders.append(
-            Contender(
-                name=CHAMPION,
-                role="champion",
-                scheme=champion.scheme,
-                serving=champion.serving,
-                model_dir=Path(champion.model_dir),
-                release_id=champion.release_id,
-                commit=champion.commit,
-            )
+        contender = Contender(
+            name=CHAMPION,
+            role="champion",
+            scheme=champion.scheme,
+            serving=champion.serving,
+            model_dir=Path(champion.model_dir),
+            release_id=champion.release_id,
+            commit=champion.commit,
         )
+        # The record names its folder: it is served only from the project's model folders.
+        try:
+            recorded_model_dir(champion, f"the champion release {champion.release_id}")
+        except StateError as exc:
+            contender = contender.failed("skipped", exc.one_line())
+        contenders.append(contender)
     contenders.append(
         Contender(
             name=BASELINE,

@@ -259,7 +259,15 @@ def publish(
     commit of ``target.repo_id``'s main branch; the hub's listing of that commit is read
     back and checked against the bytes sent."""
     say = progress or logger.info
-    model_dir = Path(model_dir)
+    # Only the project's own model folders go up (the upload replaces the repo's files).
+    real = paths.own_model_folder(model_dir)
+    if real is None:
+        raise PublishError(
+            f"{str(model_dir)[:300]!r} is not one of the project's model folders "
+            f"({' or '.join(str(root) for root in paths.model_roots())})",
+            hint="publish a released candidate's folder, as the release record names it",
+        )
+    model_dir = real
     if not model_dir.is_dir():
         raise PublishError(
             f"{model_dir} is not a folder", hint="the release's model folder was removed"

@@ -245,7 +245,7 @@ def quantize(
         )
     else:
         why = "chosen by the caller"
-    out_root = Path(out_root) if out_root else paths.home() / "candidates"
+    out_root = Path(out_root) if out_root else paths.candidates_dir()
     key = cache_key(model_dir, candidate, compute_dtype, path)
     out_dir = out_root / f"{candidate.name}-{key[:16]}"
     record_path = out_dir / RECORD

@@ -255,7 +255,22 @@ def vllm_args(
 ) -> list[str]:
     """vLLM's arguments, the same for both backends (a container listens on its own
     address on the project's isolated network, published on the host's 127.0.0.1 only).
-    ``serving.extra_args`` pass only through the allow-list (ConfigError otherwise)."""
+    ``serving.extra_args`` pass only through the allow-list (ConfigError otherwise).
+
+    The served names and the model folder come from the release record too: a name that is
+    not a served name (one starting with '-' would be read as a flag: ``--host=0.0.0.0``)
+    or a folder that reads as a flag is a ConfigError, whatever let it through before."""
+    from llm_release.safety import served_name  # (here: the rest of serve.py needs none)
+
+    if not served_names:
+        raise ConfigError("a server needs a served name", hint="name the model it serves")
+    for name in served_names:
+        served_name(name, "served name")
+    if str(model_dir).startswith("-"):
+        raise ConfigError(
+            f"model folder {ascii(str(model_dir))[:120]} reads as a flag",
+            hint="name the model folder by its absolute path",
+        )
     cmd = [
         "--model",
         str(model_dir),

@@ -65,3 +65,46 @@ def test_a_row_that_does_not_validate_is_refused_in_one_line(home):
     assert "\n" not in caught.value.one_line()
     with store.transaction() as session:  # the home fixture's teardown reads the registry
         session.execute(update(ReleaseRow).values(serving={}))
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("public_name", "--host=0.0.0.0"),
+        ("public_name", "--trust-remote-code"),
+        ("candidate", "-x"),
+        ("public_name", "b" * 200),
+        ("public_name", "a b"),
+    ],
+)
+def test_a_recorded_name_that_would_reach_vllms_argv_as_a_flag_is_refused_on_load(
+    home, capsys, column, value
+):
+    from llm_release.cli import main
+
+    registry.save(RegistryState(stable=_release("baseline-1")))
+    assert registry.load().stable.public_name == "b"  # a valid record loads
+    with store.transaction() as session:
+        session.execute(update(ReleaseRow).values({column: value}))
+    with pytest.raises(StateError, match=rf"stable\.{column} .* is not a served name") as caught:
+        registry.load()
+    line = caught.value.one_line()
+    assert "\n" not in line and "letters, digits" in line, line
+    with pytest.raises(StateError, match=rf"release 'baseline-1' .* corrupt \({column} "):
+        registry.releases()
+    # 'down' still runs: it says what is wrong and stops what the project started
+    assert main(["down"]) == 1
+    said = capsys.readouterr()
+    assert f"stable.{column}" in said.err and "Traceback" not in said.err
+    with store.transaction() as session:  # the home fixture's teardown reads the registry
+        session.execute(update(ReleaseRow).values({column: "b"}))
+
+
+def test_a_release_with_a_flag_for_a_name_is_never_made():
+    from pydantic import ValidationError
+
+    for field in ("release_id", "public_name", "candidate"):
+        with pytest.raises(ValidationError, match="is not a served name"):
+            _release("baseline-1").model_validate(
+                {**_release("baseline-1").model_dump(), field: "--host=0.0.0.0"}
+            )

@@ -130,3 +130,23 @@ def test_free_port_lets_the_kernel_pick_when_the_range_is_too_small(monkeypatch)
     port = serve.free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+@pytest.mark.parametrize(
+    "name", ["--host=0.0.0.0", "--trust-remote-code", "-h", "", "a b", "x" * 200, "../m"]
+)
+def test_a_served_name_that_is_not_a_name_never_reaches_vllm(name):
+    from llm_release.errors import ConfigError
+
+    for names in ([name], ["public", name]):
+        with pytest.raises(ConfigError, match="served name"):
+            build_command(Path("/py"), Path("/m"), 9000, names, ServingConfig(), cuda=False)
+        with pytest.raises(ConfigError, match="served name"):
+            serve.vllm_args(Path("/m"), "0.0.0.0", 8000, names, ServingConfig(), cuda=True)
+
+
+def test_a_model_folder_that_reads_as_a_flag_never_reaches_vllm():
+    from llm_release.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="model folder"):
+        build_command(Path("/py"), Path("--host=0.0.0.0"), 9000, ["p"], ServingConfig(), cuda=False)
