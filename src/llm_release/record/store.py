@@ -141,12 +141,29 @@ def create(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+def known_revisions() -> set[str]:
+    """The schema revisions this version of the project has migrations for."""
+    from alembic.script import ScriptDirectory
+
+    return {rev.revision for rev in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
 def _current(engine: Engine) -> bool:
-    """The record is at ``HEAD`` and its one-time import is done (a read, no lock)."""
+    """The record is at ``HEAD`` and its one-time import is done (a read, no lock). A record
+    at a revision this version does not know (a newer llm-release wrote it) is refused."""
     with engine.connect().execution_options(sqlite_begin="DEFERRED") as connection:
         if not inspect(connection).has_table("alembic_version"):
             return False
         version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        if version not in (None, HEAD) and str(version) not in known_revisions():
+            where = engine.url.render_as_string(hide_password=True)
+            raise StateError(
+                f"the release record {where} is at schema revision {str(version)[:40]!r}, "
+                f"which this llm-release does not know (it knows up to {HEAD}; a newer "
+                "version wrote it)",
+                hint="run the llm-release that wrote it, or upgrade this one; never downgrade "
+                "a record by hand",
+            )
         if version != HEAD:
             return False
         done = connection.execute(
@@ -159,6 +176,8 @@ def migrate(engine: Engine, home: Path | None = None) -> None:
     """The newest schema, then the one-time import of ``home``'s JSON files (the project
     home by default; each store's files once, ``legacy.IMPORTS``): one transaction, one
     process at a time."""
+    from alembic.util import CommandError as AlembicError
+
     where = engine.url.render_as_string(hide_password=True)
     try:
         if _current(engine):
@@ -172,8 +191,8 @@ def migrate(engine: Engine, home: Path | None = None) -> None:
             with Session(bind=connection) as session:
                 legacy.import_home(session, home or paths.home(), where)
                 session.flush()
-    except SQLAlchemyError as exc:
-        first = str(exc).splitlines()[0]
+    except (SQLAlchemyError, AlembicError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
         raise StateError(
             f"the release record {where} could not be opened or migrated ({first})",
             hint=_hint(where),
