@@ -291,6 +291,7 @@ def canary_rollout(rollout_config: RolloutConfig, slo_ttft_p95_s: float = 3.0) -
             hint="run a release first; 'llm-release canary status' shows the current releases",
         )
     config = rollout_config.model_copy(update={"mode": "progressive"})
+    analysis.prometheus_url(config.analysis)  # a run's Prometheus URL, before any step
     return walk_canary(
         config,
         state.canary.release_id,

@@ -6,7 +6,7 @@ import shutil
 import socket
 
 from llm_release import paths
-from llm_release.canary import alertmanager, door, prometheus
+from llm_release.canary import alertmanager, analysis, door, prometheus
 from llm_release.canary.promote import default_router_port, ensure_no_canary, router_for
 from llm_release.config import ReleaseConfig
 from llm_release.errors import ConfigError, MetricsError, RouterError, ServeError
@@ -23,6 +23,8 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
     now (the champion, when there is one) and the model name the service answers to."""
     router_port = config.router_port or default_router_port()
     champion, service_name = check_service(config)
+    # A run's Prometheus URL past the endpoint policy (no metadata address, none of ours).
+    analysis.prometheus_url(config.rollout.analysis)
     if config.source.hub == "local":
         # A run's local_path only under the operator's roots, every file inside them.
         local_source.checked_folder(config.source.local_path or "")

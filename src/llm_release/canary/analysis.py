@@ -24,11 +24,14 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from llm_release import paths, registry
 from llm_release.canary import quality
 from llm_release.canary.prometheus import PrometheusClient, for_home
 from llm_release.canary.quality import CHECK_PREFIX, ProbeRun, ProbeSet, SliceScore
+from llm_release.canary.router import Router
 from llm_release.config import AnalysisConfig
-from llm_release.errors import ConfigError
+from llm_release.errors import ConfigError, MetricsError
+from llm_release.hub import credentials
 from llm_release.settings import settings
 
 QUERIES_FILE = Path(__file__).with_name("canary_queries.yaml")
@@ -232,10 +235,39 @@ def judge(
     return checks, "pass", f"all {len(checks)} checks passed on {canary_requests:.0f} requests"
 
 
+def own_ports() -> set[int]:
+    """The ports the project's services hold now, beyond their settings: the registry's vLLM
+    servers and their supervisors, the load balancer's listener and HAProxy's recorded
+    metrics port, the running Alertmanager's port."""
+    from llm_release.canary import alertmanager  # it imports this module (via alerts)
+
+    state = registry.load()
+    ports = {
+        port
+        for release in (state.stable, state.canary)
+        if release is not None
+        for port in (release.port, release.supervisor_port)
+        if port is not None
+    }
+    listen = state.router_port or settings().router_port
+    router = Router(paths.router_dir(), listen)
+    ports |= {p for p in (listen, router.metrics_port, alertmanager.for_home().port) if p}
+    return ports
+
+
+def prometheus_url(config: AnalysisConfig) -> str:
+    """The Prometheus the analysis asks: ``config.prometheus_url`` (a run parameter) past
+    the endpoint policy (``credentials.check_prometheus_url``: no metadata address, none of
+    the project's other services), else the project's own. ConfigError in one line."""
+    if config.prometheus_url is None:
+        return for_home().url
+    return credentials.check_prometheus_url(config.prometheus_url, own_ports=own_ports())
+
+
 def client_for(config: AnalysisConfig) -> PrometheusClient:
-    """The Prometheus named by ``config.prometheus_url``, else the project's own."""
-    url = config.prometheus_url or for_home().url
-    return PrometheusClient(url, timeout_s=config.query_timeout_s)
+    """The Prometheus named by ``config.prometheus_url``, checked again (a name may resolve
+    elsewhere by now), else the project's own."""
+    return PrometheusClient(prometheus_url(config), timeout_s=config.query_timeout_s)
 
 
 def measure(
@@ -247,7 +279,11 @@ def measure(
         values[role] = {}
         for name, query in load_queries().items():
             promql = render_query(query.promql, service=service, role=role, window_s=window_s)
-            value = client.value(promql, end)
+            try:
+                value = client.value(promql, end)
+            except MetricsError as exc:
+                # The query's name, not its text: the reason stays one short line.
+                raise MetricsError(f"{name} ({role}): {exc.message}", hint=exc.hint) from None
             values[role][name] = None if value is None or math.isnan(value) else value
     return values
 

@@ -164,6 +164,12 @@ def scraped_values(text: str, names: Collection[str]) -> list[float]:
     ]
 
 
+# The errorType values of Prometheus' HTTP API: the only words of a reply an error repeats.
+ERROR_TYPES = frozenset(
+    {"timeout", "canceled", "execution", "bad_data", "internal", "unavailable", "not_found"}
+)
+
+
 @dataclass(frozen=True)
 class Sample:
     """One series of an instant query's answer; ``value`` may be NaN (e.g. a quantile of
@@ -171,6 +177,18 @@ class Sample:
 
     labels: dict[str, str] = field(default_factory=dict)
     value: float = math.nan
+
+
+def _samples(data: object) -> list[Sample]:
+    """An instant query's ``data``: a vector's series or a scalar; MetricsError for any other
+    result type, which is named only when it is one of the API's."""
+    kind, result = data.get("resultType"), data.get("result")  # type: ignore[union-attr]
+    if kind == "vector":
+        return [Sample(dict(r.get("metric", {})), float(r["value"][1])) for r in result]
+    if kind == "scalar":
+        return [Sample({}, float(result[1]))]
+    shown = kind if kind in ("matrix", "string") else "result of another type"
+    raise MetricsError(f"the query returned a {shown}, not an instant vector or a scalar")
 
 
 class PrometheusClient:
@@ -182,7 +200,11 @@ class PrometheusClient:
 
     def _post(self, path: str, **params: str) -> requests.Response:
         try:
-            reply = requests.post(f"{self.url}{path}", data=params, timeout=self.timeout_s)
+            # No redirects: a Prometheus named by a run must not send the query on to an
+            # address its URL was checked against (a metadata service, our own servers).
+            reply = requests.post(
+                f"{self.url}{path}", data=params, timeout=self.timeout_s, allow_redirects=False
+            )
         except requests.RequestException as exc:
             raise MetricsError(
                 f"Prometheus at {self.url} did not answer: {type(exc).__name__}",
@@ -192,7 +214,11 @@ class PrometheusClient:
         return reply
 
     def query(self, promql: str, at: float | None = None) -> list[Sample]:
-        """Evaluate ``promql`` at ``at`` (Unix seconds; now if None)."""
+        """Evaluate ``promql`` at ``at`` (Unix seconds; now if None).
+
+        The answer may come from a team's server a run named: a refusal or a malformed
+        answer is a MetricsError with the status code and Prometheus' error type (one of
+        its own few words), never the text of the reply."""
         params = {"query": promql}
         if at is not None:
             params["time"] = f"{at:.3f}"
@@ -200,30 +226,32 @@ class PrometheusClient:
         try:
             body = reply.json()
         except ValueError:
-            body = {}
+            body = None
+        body = body if isinstance(body, dict) else {}
         if reply.status_code != 200 or body.get("status") != "success":
-            detail = f"{body.get('errorType', reply.status_code)}: {body.get('error', '')}"
+            kind = body.get("errorType")
+            detail = f"HTTP {reply.status_code}"
+            if kind in ERROR_TYPES:
+                detail += f", {kind}"
             raise MetricsError(
-                f"Prometheus at {self.url} refused the query {promql!r} ({detail.strip()})",
-                hint="the queries are in src/llm_release/canary/canary_queries.yaml; try one in the "
-                "Prometheus UI",
+                f"Prometheus at {self.url} refused a query ({detail})",
+                hint="the queries are in src/llm_release/canary/canary_queries.yaml; try one in "
+                "the Prometheus UI",
             )
-        data = body.get("data", {})
-        kind, result = data.get("resultType"), data.get("result")
-        if kind == "vector":
-            return [Sample(dict(r.get("metric", {})), float(r["value"][1])) for r in result]
-        if kind == "scalar":
-            return [Sample({}, float(result[1]))]
-        raise MetricsError(
-            f"the query {promql!r} returned a {kind}, not an instant vector or a scalar"
-        )
+        try:
+            return _samples(body.get("data"))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise MetricsError(
+                f"Prometheus at {self.url} sent a malformed answer ({type(exc).__name__})",
+                hint="check analysis.prometheus_url names a Prometheus",
+            ) from None
 
     def value(self, promql: str, at: float | None = None) -> float | None:
         """The one number ``promql`` yields; None when it yields nothing or NaN (no data)."""
         samples = self.query(promql, at)
         if len(samples) > 1:
             raise MetricsError(
-                f"the query {promql!r} returned {len(samples)} series where one was expected",
+                f"the query returned {len(samples)} series where one was expected",
                 hint="aggregate it (sum, max) so it yields one number",
             )
         if not samples or math.isnan(samples[0].value):

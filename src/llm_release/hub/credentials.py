@@ -21,10 +21,12 @@ Which token goes where is decided by ``token_for`` alone, and every request to a
   would make it fall back to the environment).
 
 ``check_hub_endpoint`` is the endpoint policy every hub request passes first: no link-local
-address (169.254.0.0/16, fe80::/10: cloud metadata services) and none of this project's own
-service ports on this host (the Prefect API, the router, Prometheus, HAProxy's metrics),
-unless the operator lists the endpoint in ``LLM_RELEASE_HUB_ALLOW_ENDPOINTS``. Loopback
-stays allowed: the demo hub runs on 127.0.0.1.
+address (169.254.0.0/16, fe80::/10: cloud metadata services) or other cloud metadata address
+(AWS's IPv6 fd00:ec2::254) and none of this project's own service ports on this host (the
+Prefect API, the router, Prometheus, HAProxy's metrics), unless the operator lists the
+endpoint in ``LLM_RELEASE_HUB_ALLOW_ENDPOINTS``. Loopback stays allowed: the demo hub runs on
+127.0.0.1. ``check_prometheus_url`` holds the run form's Prometheus URL to the same rules
+(its own services: every one but Prometheus, the demo hub's port included).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import ipaddress
 import os
 import re
 import socket
+from collections.abc import Iterable
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -57,6 +60,14 @@ SERVICE_PORTS = (
     ("haproxy_metrics_port", None),
     ("prefect_server_api_port", 4200),
 )
+# The demo hub's port (``llm-release hub``'s default): one of the project's services.
+DEMO_HUB_PORT = 8765
+# Cloud metadata services outside the link-local ranges: AWS's IPv6 instance metadata
+# (a unique-local address, not fe80::/10) and Alibaba Cloud's.
+METADATA_ADDRESSES = frozenset(
+    {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
+)
+PROMETHEUS_URL_FIELD = "rollout.analysis.prometheus_url"
 # Named secrets, and anything whose name says it is one.
 SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "PREFECT_API_KEY")
 # Whole words of the name only: TOKENIZERS_PARALLELISM is not a secret.
@@ -206,10 +217,14 @@ def token_for(
 # ---------------------------------------------------------------- the endpoint policy
 
 
-def _service_ports() -> set[int]:
+def _service_ports(*, but: str | None = None) -> set[int]:
+    """The ports of the project's services on this host, from their settings (``but``: the
+    setting of the one left out)."""
     ports: set[int] = set()
     current = settings()
     for field, default in SERVICE_PORTS:
+        if field == but:
+            continue
         value = getattr(current, field)
         if isinstance(value, int):
             ports.add(value)
@@ -258,9 +273,10 @@ def _resolved(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IP
 
 
 def _link_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """A link-local address or a cloud metadata service's (IPv4-mapped spellings too)."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return address.is_link_local
+    return address.is_link_local or address in METADATA_ADDRESSES
 
 
 def _this_host(host: str, addresses: list) -> bool:
@@ -275,14 +291,35 @@ def _this_host(host: str, addresses: list) -> bool:
     return False
 
 
+def _target(
+    url: str, resolve: bool
+) -> tuple[str, int, list[ipaddress.IPv4Address | ipaddress.IPv6Address]]:
+    """The host, port and addresses a checked URL reaches (resolved when ``resolve``)."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower().rstrip(".")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    addresses = _literal_addresses(host)
+    if resolve and not addresses:
+        addresses = _resolved(host, port)
+    return host, port, addresses
+
+
+def _own_service(host: str, port: int, addresses: list, ports: set[int]) -> bool:
+    """``host:port`` is one of ``ports`` on this host, or the Prefect API wherever it runs."""
+    api = _prefect_api()
+    ports = ports | ({api[1]} if api and _this_host(api[0], []) else set())
+    return api == (host, port) or (port in ports and _this_host(host, addresses))
+
+
 def check_hub_endpoint(url: str, *, resolve: bool = True) -> str:
     """``url`` if the endpoint policy lets a hub request go there; ConfigError otherwise.
 
-    Refused: a link-local address (cloud metadata services live there) and, on this host,
-    a port of the project's own services (Prefect API, router, Prometheus, HAProxy
-    metrics) or the Prefect API's host and port wherever it runs. The operator exempts an
-    endpoint by listing it in ``LLM_RELEASE_HUB_ALLOW_ENDPOINTS``. ``resolve`` also checks
-    the addresses a host name resolves to (a DNS lookup; no connection is made).
+    Refused: a link-local address or another cloud metadata address (metadata services live
+    there) and, on this host, a port of the project's own services (Prefect API, router,
+    Prometheus, HAProxy metrics) or the Prefect API's host and port wherever it runs. The
+    operator exempts an endpoint by listing it in ``LLM_RELEASE_HUB_ALLOW_ENDPOINTS``.
+    ``resolve`` also checks the addresses a host name resolves to (a DNS lookup; no
+    connection is made).
     """
     try:
         url = check_endpoint(url)
@@ -292,12 +329,7 @@ def check_hub_endpoint(url: str, *, resolve: bool = True) -> str:
         ) from None
     if any(same_endpoint(url, allowed) for allowed in _setting_endpoints("hub_allow_endpoints")):
         return url
-    parts = urlsplit(url)
-    host = (parts.hostname or "").lower().rstrip(".")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    addresses = _literal_addresses(host)
-    if resolve and not addresses:
-        addresses = _resolved(host, port)
+    host, port, addresses = _target(url, resolve)
     hint = (
         f"use the hub's own address; an operator who means it lists the endpoint in "
         f"{ALLOW_ENDPOINTS_ENV}"
@@ -305,15 +337,52 @@ def check_hub_endpoint(url: str, *, resolve: bool = True) -> str:
     if any(_link_local(a) for a in addresses):
         raise ConfigError(
             f"hub endpoint {url} is a link-local address (169.254.0.0/16, fe80::/10, where "
-            "cloud metadata services answer)",
+            "cloud metadata services answer) or a cloud metadata address (fd00:ec2::254)",
             hint=hint,
         )
-    api = _prefect_api()
-    ports = _service_ports() | ({api[1]} if api and _this_host(api[0], []) else set())
-    if api == (host, port) or (port in ports and _this_host(host, addresses)):
+    if _own_service(host, port, addresses, _service_ports()):
         raise ConfigError(
             f"hub endpoint {url} is one of this project's own services (port {port}: the "
             "Prefect API, the router, Prometheus or HAProxy's metrics)",
+            hint=hint,
+        )
+    return url
+
+
+def check_prometheus_url(url: str, *, own_ports: Iterable[int] = (), resolve: bool = True) -> str:
+    """The run form's ``rollout.analysis.prometheus_url`` past the hub endpoint policy's
+    rules; ConfigError (one line, with the fix) otherwise.
+
+    Refused: anything but a plain http(s) URL, a link-local or cloud metadata address and,
+    on this host, the port of any of the project's own services but Prometheus (the demo
+    hub, the router, Alertmanager, HAProxy's metrics, the Prefect API, from their settings)
+    and ``own_ports``: the ports the caller knows are the project's now (the vLLM servers
+    and their supervisors, the recorded router and Alertmanager ports). ``resolve`` checks
+    the addresses a name resolves to as well. No operator exemption: no Prometheus answers
+    on those addresses.
+    """
+    hint = (
+        f"set {PROMETHEUS_URL_FIELD} to your Prometheus's own address (http(s)://host:port), "
+        "or leave it unset for the project's Prometheus"
+    )
+    try:
+        url = check_endpoint(url)
+    except ValueError as exc:
+        reason = str(exc).split(";")[0].replace("endpoint", "it")
+        raise ConfigError(f"{PROMETHEUS_URL_FIELD} refused: {reason}", hint=hint) from None
+    host, port, addresses = _target(url, resolve)
+    if any(_link_local(a) for a in addresses):
+        raise ConfigError(
+            f"{PROMETHEUS_URL_FIELD} {url} is a link-local or cloud metadata address "
+            "(169.254.0.0/16, fe80::/10, fd00:ec2::254), not a Prometheus",
+            hint=hint,
+        )
+    ports = _service_ports(but="prometheus_port") | {DEMO_HUB_PORT} | set(own_ports)
+    if _own_service(host, port, addresses, ports):
+        raise ConfigError(
+            f"{PROMETHEUS_URL_FIELD} {url} is one of this project's own services (port "
+            f"{port}: the hub, the router, Alertmanager, HAProxy, a vLLM server or the "
+            "Prefect API), not a Prometheus",
             hint=hint,
         )
     return url

@@ -9,10 +9,12 @@ from llm_release.errors import ConfigError
 from llm_release.hub.credentials import (
     ALLOW_ENDPOINTS_ENV,
     HF_DEFAULT_ENDPOINT,
+    PROMETHEUS_URL_FIELD,
     TOKEN_ENDPOINTS_ENV,
     HubToken,
     check_endpoint,
     check_hub_endpoint,
+    check_prometheus_url,
     child_env,
     hf_endpoint,
     saved_token,
@@ -165,6 +167,7 @@ def policy(monkeypatch):
         "http://169.254.43518",
         "http://[fe80::1]:8765",
         "http://[::ffff:169.254.169.254]",
+        "http://[fd00:ec2::254]",  # AWS's IPv6 metadata service: unique-local, not fe80::/10
     ],
 )
 def test_link_local_endpoints_are_refused(policy, url):
@@ -221,3 +224,53 @@ def test_a_refused_endpoint_is_one_line_with_a_fix(policy):
         check_hub_endpoint("http://169.254.169.254")
     line = info.value.one_line()
     assert "\n" not in line and ALLOW_ENDPOINTS_ENV in line
+
+
+# ---------------------------------------------------------------- a run's Prometheus URL
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data",
+        "http://2852039166:9090",
+        "http://[fd00:ec2::254]",
+        "http://[::ffff:169.254.169.254]:9090",
+    ],
+)
+def test_a_prometheus_url_on_a_metadata_address_is_refused(policy, url):
+    with pytest.raises(ConfigError, match="link-local or cloud metadata") as info:
+        check_prometheus_url(url, resolve=False)
+    line = info.value.one_line()
+    assert "\n" not in line and PROMETHEUS_URL_FIELD in line and "leave it unset" in line
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8765",  # the demo hub
+        "http://localhost:4200",  # the Prefect API
+        "http://127.0.0.1:9093",  # Alertmanager
+        "http://[::1]:8080",  # the router
+        "http://127.0.0.1:18404",  # HAProxy's metrics, from its setting
+        "http://127.0.0.1:40001",  # a vLLM server the caller knows of
+    ],
+)
+def test_a_prometheus_url_on_another_of_the_projects_services_is_refused(policy, monkeypatch, url):
+    monkeypatch.setenv("LLM_RELEASE_HAPROXY_METRICS_PORT", "18404")
+    monkeypatch.setenv("LLM_RELEASE_ALERTMANAGER_PORT", "9093")
+    with pytest.raises(ConfigError, match="own services.*not a Prometheus"):
+        check_prometheus_url(url, own_ports={40001})
+
+
+def test_a_prometheus_url_may_name_a_prometheus(policy):
+    # The project's own Prometheus and a team's, on this host or another.
+    assert check_prometheus_url("http://127.0.0.1:9090/") == "http://127.0.0.1:9090"
+    assert check_prometheus_url("http://10.0.0.5:8080", resolve=False) == "http://10.0.0.5:8080"
+    assert check_prometheus_url("https://prom.example:443", resolve=False)
+
+
+def test_a_prometheus_url_with_credentials_is_refused_without_repeating_them(policy):
+    with pytest.raises(ConfigError) as info:
+        check_prometheus_url("http://admin:hunter2@10.0.0.5:9090", resolve=False)
+    assert "hunter2" not in str(info.value) and PROMETHEUS_URL_FIELD in str(info.value)

@@ -1,0 +1,170 @@
+"""A run's Prometheus (rollout.analysis.prometheus_url) is untrusted: it passes the endpoint
+policy before any request, its redirects are not followed, and what it answers never comes
+back verbatim in a window's reason."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from llm_release import registry
+from llm_release.canary import analysis
+from llm_release.canary.prometheus import PrometheusClient
+from llm_release.config import AnalysisConfig, ReleaseConfig, ServingConfig
+from llm_release.errors import ConfigError, MetricsError
+
+HOSTILE = "\x1b[31mINTERNAL-SECRET db=postgres://admin:pw@10.0.0.9 | row |\x1b[0m"
+
+
+class Target:
+    """A real HTTP server on 127.0.0.1 that answers every POST with one canned reply."""
+
+    def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None):
+        target = self
+        self.requests: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server's name
+                length = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(length)
+                target.requests.append(self.path)
+                self.send_response(status)
+                for key, value in (headers or {}).items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture()
+def target_of():
+    started: list[Target] = []
+
+    def start(status, body, headers=None):
+        started.append(Target(status, body, headers))
+        return started[-1]
+
+    yield start
+    for target in started:
+        target.close()
+
+
+def reason_of(client: PrometheusClient) -> str:
+    """The reason a window gets when its numbers cannot be read (as flows/canary.py does)."""
+    config = AnalysisConfig()
+    with pytest.raises(MetricsError) as info:
+        analysis.analyze_window(client, config, service="svc", slo_ttft_p95_s=3.0, end=1000.0)
+    return analysis.unanswered(config, "svc", 940.0, 1000.0, info.value.one_line()).reason
+
+
+def test_a_refusal_is_told_by_status_and_error_type_never_by_the_body(target_of):
+    body = json.dumps({"status": "error", "errorType": "bad_data", "error": HOSTILE}).encode()
+    target = target_of(400, body)
+    reason = reason_of(PrometheusClient(target.url))
+    assert "HTTP 400, bad_data" in reason
+    assert "INTERNAL-SECRET" not in reason and "\x1b" not in reason and "|" not in reason
+    assert reason.startswith("no numbers: requests (stable): Prometheus at")
+
+
+def test_an_error_type_outside_the_apis_words_is_left_out(target_of):
+    body = json.dumps({"status": "error", "errorType": HOSTILE, "error": "x"}).encode()
+    reason = reason_of(PrometheusClient(target_of(500, body).url))
+    assert "(HTTP 500)" in reason and "INTERNAL-SECRET" not in reason
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"resultType": "vector", "result": [{"value": HOSTILE}]},
+        {"resultType": "vector", "result": [{"metric": {}, "value": [0, HOSTILE]}]},
+        {"resultType": HOSTILE, "result": []},
+        "not an object",
+    ],
+)
+def test_a_malformed_answer_is_a_metrics_error_without_its_text(target_of, data):
+    body = json.dumps({"status": "success", "data": data}).encode()
+    reason = reason_of(PrometheusClient(target_of(200, body).url))
+    assert "INTERNAL-SECRET" not in reason and "\x1b" not in reason
+
+
+def test_a_redirect_is_not_followed(target_of):
+    elsewhere = target_of(200, b"{}")
+    redirecting = target_of(307, b"", {"Location": f"{elsewhere.url}/api/v1/query"})
+    reason = reason_of(PrometheusClient(redirecting.url))
+    assert "HTTP 307" in reason
+    assert redirecting.requests and not elsewhere.requests
+
+
+@pytest.fixture()
+def serving(tmp_path, monkeypatch):
+    """A home whose registry serves a stable release on port 40001 (its supervisor 40002)."""
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path))
+    for name in ("PREFECT_API_URL", "LLM_RELEASE_HAPROXY_METRICS_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    stable = registry.Release(
+        release_id="baseline-aaaa-1",
+        candidate="baseline",
+        scheme="unquantized",
+        repo_id="acme/tiny",
+        commit="a" * 40,
+        model_dir=str(tmp_path / "models" / "m"),
+        public_name="tiny",
+        port=40001,
+        supervisor_port=40002,
+        pid=0,
+        log_path=str(tmp_path / "log"),
+        serving=ServingConfig(),
+    )
+    registry.save(registry.RegistryState(stable=stable, router_port=18081))
+    return stable
+
+
+@pytest.mark.parametrize("port", [40001, 40002, 18081, 8765])
+def test_the_projects_own_servers_are_refused_before_any_request(serving, target_of, port):
+    config = AnalysisConfig(prometheus_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(ConfigError, match="own services") as info:
+        analysis.client_for(config)
+    assert "\n" not in info.value.one_line()
+
+
+def test_a_metadata_address_is_refused_by_the_analysis(serving):
+    for url in ("http://169.254.169.254", "http://[fd00:ec2::254]:80"):
+        with pytest.raises(ConfigError, match="metadata"):
+            analysis.analyze_window(
+                None, AnalysisConfig(prometheus_url=url), service="svc", slo_ttft_p95_s=3.0
+            )
+
+
+def test_a_team_prometheus_and_the_projects_own_pass(serving):
+    assert analysis.prometheus_url(AnalysisConfig(prometheus_url="http://10.0.0.5:9090/")) == (
+        "http://10.0.0.5:9090"
+    )
+    assert analysis.prometheus_url(AnalysisConfig()).startswith("http://127.0.0.1:")
+
+
+def test_the_release_preflight_refuses_a_metadata_prometheus_first(serving):
+    from llm_release.preflight import check
+
+    config = ReleaseConfig.model_validate(
+        {
+            "source": {"repo_id": "acme/tiny"},
+            "public_name": "tiny",
+            "rollout": {"analysis": {"prometheus_url": "http://169.254.169.254"}},
+        }
+    )
+    with pytest.raises(ConfigError, match="rollout.analysis.prometheus_url"):
+        check(config)
