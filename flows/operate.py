@@ -22,6 +22,7 @@ from llm_release.config import EvalConfig, RolloutConfig, ServingConfig
 from llm_release.errors import ConfigError, ReleaseError, StateError
 from llm_release.evaluation.evaluate import run_evaluation
 from llm_release.fileio import atomic_write_text
+from llm_release.hub import local_source
 from llm_release.results import EvalResult
 from llm_release.serving import reasoning
 from llm_release.serving.factory import make_server
@@ -114,13 +115,10 @@ class EvalOnlyOutcome(BaseModel):
 
 
 def _model_folder(model_dir: str) -> Path:
-    path = Path(model_dir)
-    if not path.is_absolute():
-        raise ConfigError(
-            f"model_dir {model_dir!r} is not an absolute path",
-            hint="give the folder's full path on the worker's host",
-        )
-    path = path.resolve()
+    """``model_dir`` (a run parameter) when a run may serve it: inside the project's model
+    folders or the operator's LLM_RELEASE_LOCAL_ROOTS (``local_source.served_folder``), and
+    holding a config.json."""
+    path = local_source.served_folder(model_dir)
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"{path} is not a model folder (no config.json)",
@@ -162,18 +160,23 @@ def eval_only(
     Args:
         evaluation: the eval sets, concurrency and item limit
         model_dir: a model folder (absolute path on the worker's host) to serve and
-            evaluate; empty: the live stable release
+            evaluate, inside the project's model folders or LLM_RELEASE_LOCAL_ROOTS;
+            empty: the live stable release
         serving: vLLM settings for model_dir; empty: the defaults
     """
     logger = get_run_logger()
+    try:
+        # A run's folder is checked before any work (no slot, no run folder).
+        folder = _model_folder(model_dir) if model_dir else None
+    except ReleaseError as exc:
+        raise _one_line(exc) from None
     ensure_host_limit()
     run_id = (
         f"eval-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{(flow_run.get_id() or 'local')[:8]}"
     )
     run_dir = paths.runs_dir() / run_id
     try:
-        if model_dir:
-            folder = _model_folder(model_dir)
+        if folder is not None:
             target = str(folder)
             with host_slot(f"evaluate {folder.name}"):
                 server = make_server(

@@ -11,17 +11,66 @@ from llm_release.results import EvalResult, MetricScore
 from tasks.states import FAILED_CANDIDATES, completed_with_failures, first_line
 
 
-def test_eval_only_refuses_a_relative_or_non_model_folder(tmp_path):
+@pytest.fixture()
+def roots(tmp_path, monkeypatch):
+    """A project home and an operator's model store listed in LLM_RELEASE_LOCAL_ROOTS."""
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "home"))
+    store = tmp_path / "store"
+    store.mkdir()
+    monkeypatch.setenv("LLM_RELEASE_LOCAL_ROOTS", str(store))
+    return store
+
+
+def model(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def test_eval_only_refuses_a_relative_or_non_model_folder(roots):
     with pytest.raises(ConfigError, match="not an absolute path"):
         _model_folder("models/x")
     with pytest.raises(ConfigError, match="no config.json"):
-        _model_folder(str(tmp_path))
-    # A path that climbs out is judged where it lands, not by its spelling.
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text("{}")
-    assert _model_folder(f"{tmp_path}/x/../m") == tmp_path / "m"
+        _model_folder(str(model(roots / "empty").parent / "empty" / ".."))  # the root itself
+    (roots / "empty" / "config.json").unlink()
     with pytest.raises(ConfigError, match="no config.json"):
-        _model_folder(f"{tmp_path}/m/..")
+        _model_folder(str(roots / "empty"))
+    # A path that climbs is judged where it lands, not by its spelling.
+    model(roots / "m")
+    assert _model_folder(f"{roots}/x/../m") == roots / "m"
+
+
+def test_eval_only_serves_the_projects_own_model_folders_without_roots(roots, monkeypatch):
+    monkeypatch.delenv("LLM_RELEASE_LOCAL_ROOTS")
+    own = model(roots.parent / "home" / "candidates" / "tiny-w8a8")
+    assert _model_folder(str(own)) == own
+    with pytest.raises(ConfigError, match="outside the folders a run may serve"):
+        _model_folder(str(model(roots / "m")))
+
+
+@pytest.mark.parametrize("where", ["/etc/ssh", "/", "outside", "store/../outside"])
+def test_eval_only_refuses_a_folder_outside_the_roots_in_one_line(roots, where):
+    outside = model(roots.parent / "outside")
+    path = where if where.startswith("/") else str(roots.parent / where)
+    with pytest.raises(ConfigError) as info:
+        _model_folder(path)
+    line = info.value.one_line()
+    assert "\n" not in line and "LLM_RELEASE_LOCAL_ROOTS" in line
+    assert line.startswith("model_dir ") and "outside the folders a run may serve" in line
+    assert str(roots) in line and str(outside) not in line.split("(")[1]
+
+
+def test_eval_only_refuses_a_link_out_of_the_root(roots):
+    secret = roots.parent / "secret"
+    secret.mkdir()
+    (secret / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    linked = model(roots / "linked")
+    (linked / "tokenizer.json").symlink_to(secret / "id_ed25519")
+    with pytest.raises(ConfigError, match="link that leads outside"):
+        _model_folder(str(linked))
+    (roots / "whole").symlink_to(model(roots.parent / "elsewhere"))
+    with pytest.raises(ConfigError, match="outside the folders a run may serve"):
+        _model_folder(str(roots / "whole"))
 
 
 def test_failed_candidates_name_the_final_state():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from llm_release import paths
 from llm_release.errors import AcquireError, ConfigError
 from llm_release.fileio import HASH_CHUNK
 from llm_release.settings import LOCAL_ROOTS_HINT, settings
@@ -196,3 +197,34 @@ def sha256(where: LocalFolder, local: LocalFile) -> str:
         while n := fh.readinto(buf):
             digest.update(view[:n])
     return digest.hexdigest()
+
+
+def served_folder(model_dir: str, what: str = "model_dir") -> Path:
+    """A model folder a run names to be served (the ``eval-only`` flow's ``model_dir``),
+    resolved: one of the project's own model folders (``paths.own_model_folder``: downloads
+    and candidates), else a folder inside ``LLM_RELEASE_LOCAL_ROOTS`` whose every file stays
+    inside its root, as a local source's. Anything else is refused in one line, whether or
+    not it exists, before anything under it is read."""
+    path = Path(model_dir)
+    if not path.is_absolute():
+        raise ConfigError(
+            f"{what} {_shown(model_dir)} is not an absolute path",
+            hint="give the folder's full path on the worker's host",
+        )
+    own = paths.own_model_folder(path)
+    if own is not None:
+        return own
+    real = Path(os.path.realpath(path))
+    root = next((r for r in roots() if _inside(real, r)), None)
+    if root is None:
+        allowed = [str(r) for r in (*paths.model_roots(), *roots())]
+        raise ConfigError(
+            f"{what} {_shown(model_dir)} is outside the folders a run may serve "
+            f"({', '.join(allowed)})",
+            hint=f"copy the model into one of them, or ask the operator to add its folder to "
+            f"{ROOTS_ENV}",
+        )
+    if not real.is_dir():
+        raise ConfigError(f"{what} {_shown(model_dir)} does not exist", hint="check the path")
+    files(LocalFolder(root, real))  # no file of it leads out of the root
+    return real
