@@ -33,7 +33,8 @@ from llm_release.errors import ConfigError
 PREFIX = "LLM_RELEASE_"
 TRUSTED = "Operator setting (trusted)."
 
-DEFAULT_PLAN_DEADLINE_S = 120.0
+# The plan's reads of a hub's metadata hold a release's plan stage and `plan`: a minute.
+DEFAULT_PLAN_DEADLINE_S = 60.0
 MAX_PLAN_DEADLINE_S = 3600.0
 MAX_SHM_GIB = 256
 # An image reference: [registry[:port]/]name[:tag][@sha256:digest], no spaces or options.

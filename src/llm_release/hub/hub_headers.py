@@ -42,9 +42,11 @@ MAX_TOTAL_HEADER_BYTES = 64 * 1024 * 1024  # all shards: 2x the largest real ten
 MAX_SHARDS = 4096  # the largest public repos have ~100-400 shards
 MAX_JSON_BYTES = 50 * 1024 * 1024  # the index (~20 MB for a 397B FP8 MoE)
 TIMEOUT_S = 30.0  # seconds, for connect, each read, write and pool wait
-# The wall-clock budget of all hub reads of one plan (operator setting, trusted). A plan of
-# the largest public repos makes ~400 range requests (two per shard), 40-80 s at the
-# public hub's 0.1-0.2 s per redirected request; 120 s leaves room, a slower mirror raises it.
+# The wall-clock budget of all hub reads of one plan (operator setting, trusted; default
+# 60 s). It bounds how long a trickling hub holds 'plan' and a release's plan stage. A plan
+# of the largest public repos makes ~400 range requests (two per shard), 40-80 s at the
+# public hub's 0.1-0.2 s per redirected request: such a repo, or a slow mirror, may need
+# LLM_RELEASE_PLAN_DEADLINE_S raised (the error says so).
 PLAN_DEADLINE_ENV = "LLM_RELEASE_PLAN_DEADLINE_S"
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
@@ -302,7 +304,7 @@ def read_hub(
     ``endpoint`` or MODELSCOPE_ENDPOINT (default modelscope.cn); ``main`` is its ``master``.
 
     All reads share one wall-clock budget, ``deadline_s`` (default: the operator's
-    LLM_RELEASE_PLAN_DEADLINE_S, else 120 s); past it the plan fails naming the host.
+    LLM_RELEASE_PLAN_DEADLINE_S, else 60 s); past it the plan fails naming the host.
 
     ``endpoint`` passes the endpoint policy first; the token is what
     ``credentials.token_for`` gives this endpoint (``token``, a block's, only for its own)."""
