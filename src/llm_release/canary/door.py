@@ -147,7 +147,9 @@ def haproxy_address(value: str) -> str:
 
 
 def private_file(path: Path, setting: str, what: str) -> os.stat_result:
-    """``path``'s stat, if it is a regular file that others can neither read nor write."""
+    """``path``'s stat, if it is a regular file of this user that no group and no other
+    user can read, write or run (mode 0600 or 0400); ConfigError in one line with the fix
+    otherwise. A secret another user owns could be swapped for theirs at any time."""
     try:
         info = Path(path).stat()
     except OSError as exc:
@@ -156,9 +158,16 @@ def private_file(path: Path, setting: str, what: str) -> os.stat_result:
         ) from None
     if not stat.S_ISREG(info.st_mode):
         raise ConfigError(f"{setting}: {path} is not a file", hint=f"point it at {what}")
-    if info.st_mode & 0o007:
+    if info.st_uid != os.geteuid():
         raise ConfigError(
-            f"{setting}: {path} is open to every user (mode {stat.S_IMODE(info.st_mode):04o})",
+            f"{setting}: {path} is owned by uid {info.st_uid}, not by this user "
+            f"(uid {os.geteuid()})",
+            hint=f"chown {os.geteuid()} {path} && chmod 600 {path}, as the user the worker runs as",
+        )
+    if info.st_mode & 0o077:
+        raise ConfigError(
+            f"{setting}: {path} is open to its group or other users (mode "
+            f"{stat.S_IMODE(info.st_mode):04o}; it must be 0600 or 0400)",
             hint=f"chmod 600 {path}",
         )
     return info

@@ -1,6 +1,7 @@
 """The door's operator settings, key files and the map HAProxy reads (no HAProxy here)."""
 
 import hashlib
+import os
 import stat
 from pathlib import Path
 
@@ -41,8 +42,8 @@ def test_a_key_file_without_a_key_is_refused(tmp_path, text):
     assert "secrets.token_urlsafe" in caught.value.one_line()
 
 
-@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602, 0o666])
-def test_a_key_file_others_can_open_is_refused_with_the_fix(tmp_path, mode):
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o602, 0o666, 0o640, 0o620, 0o610, 0o660])
+def test_a_key_file_its_group_or_others_can_open_is_refused_with_the_fix(tmp_path, mode):
     path = key_file(tmp_path, KEY_A + "\n", mode)
     with pytest.raises(ConfigError) as caught:
         door.read_keys(path)
@@ -50,8 +51,31 @@ def test_a_key_file_others_can_open_is_refused_with_the_fix(tmp_path, mode):
     assert "\n" not in line and f"chmod 600 {path}" in line and f"{mode:04o}" in line
 
 
-def test_a_group_readable_key_file_is_accepted(tmp_path):
-    assert door.read_keys(key_file(tmp_path, KEY_A + "\n", 0o640)) == [KEY_A]
+@pytest.mark.parametrize("mode", [0o600, 0o400])
+def test_a_key_file_only_its_owner_reads_is_accepted(tmp_path, mode):
+    assert door.read_keys(key_file(tmp_path, KEY_A + "\n", mode)) == [KEY_A]
+
+
+def test_a_key_or_tls_file_another_user_owns_is_refused_in_one_line(tmp_path, monkeypatch):
+    path = key_file(tmp_path, KEY_A + "\n")
+    other = os.geteuid() + 1000
+    if os.geteuid() == 0:
+        os.chown(path, other, -1)  # a real file of another user
+    else:
+        monkeypatch.setattr(door.os, "geteuid", lambda: other)  # the file is then not ours
+    with pytest.raises(ConfigError) as caught:
+        door.read_keys(path)
+    line = caught.value.one_line()
+    assert "\n" not in line and "owned by uid" in line and f"chmod 600 {path}" in line
+    monkeypatch.setenv(door.BIND_ENV, "0.0.0.0:8443")
+    (tmp_path / "ours").mkdir()
+    monkeypatch.setenv(door.KEYS_FILE_ENV, str(key_file(tmp_path / "ours", KEY_A)))
+    certificate = pem(tmp_path)
+    if os.geteuid() == 0:
+        os.chown(certificate, other, -1)
+    monkeypatch.setenv(door.TLS_PEM_ENV, str(certificate))
+    with pytest.raises(ConfigError, match=f"{door.TLS_PEM_ENV}: .* owned by uid"):
+        door.settings()
 
 
 def test_a_missing_key_file_is_refused(tmp_path):
