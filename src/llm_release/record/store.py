@@ -108,6 +108,18 @@ def alembic_config(connection=None):
     return config
 
 
+def _private_file(path: Path) -> None:
+    """Make the SQLite file ``path`` (mode 0600, whatever the umask) before SQLite does: the
+    record holds the registry, judgements and measurements, and SQLite gives its WAL and
+    shared-memory files the database file's mode. An existing file is left as it is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    os.close(fd)
+
+
 def create(url: str) -> Engine:
     """An engine for ``url``; SQLite's transactions take the write lock at their start."""
     try:
@@ -118,8 +130,8 @@ def create(url: str) -> Engine:
             hint="e.g. postgresql+psycopg://user:password@host/llm_release, or unset it",
         ) from None
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database:
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        if parsed.database and parsed.database != ":memory:":
+            _private_file(Path(parsed.database))
         # No pool: a connection per transaction (cheap for a file), so an engine per
         # project home (tests make hundreds) keeps no file open.
         engine = create_engine(

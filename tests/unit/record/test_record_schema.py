@@ -55,3 +55,27 @@ def test_a_record_of_a_newer_version_is_refused_in_one_line_and_down_still_runs(
     assert out.startswith("stopped: ")
     assert len(err.strip().splitlines()) == 1 and "schema revision '0099'" in err, err
     store._engines.clear()
+
+
+def test_the_sqlite_record_and_its_wal_are_private_whatever_the_umask(tmp_path, monkeypatch):
+    """record.db holds the registry, judgements and measurements: 0600, as are the WAL and
+    shared-memory files SQLite makes beside it (they take the database file's mode)."""
+    import os
+    import stat
+
+    from llm_release import registry
+
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LLM_RELEASE_DATABASE_URL", raising=False)
+    old = os.umask(0o022)
+    try:
+        registry.save(registry.RegistryState(router_port=18080))
+        with store.transaction() as session:  # held open: the WAL and -shm exist now
+            session.execute(store.text("SELECT 1"))
+            made = sorted((tmp_path / "home").glob("record.db*"))
+            modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in made}
+    finally:
+        os.umask(old)
+    assert {"record.db", "record.db-wal", "record.db-shm"} <= set(modes), modes
+    assert set(modes.values()) == {0o600}, modes
+    assert registry.load().router_port == 18080
