@@ -17,6 +17,7 @@ holds is ``None`` and named in ``missing``, never guessed.
 from __future__ import annotations
 
 import json
+import unicodedata
 from pathlib import Path
 from typing import get_args
 
@@ -276,19 +277,43 @@ def history(service: str | None = None) -> list[ReleaseLineage]:
     ]
 
 
+# Characters a terminal or a table acts on: C0/C1 controls (ESC starts a terminal escape),
+# format characters (bidi overrides reorder a line), line and paragraph separators.
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def shown(value: object) -> str:
+    """A value read from the record (anyone with its URL writes it) as inert text for the
+    terminal and one table cell: control and format characters as Python escapes
+    (``\\x1b``, ``\\n``, ``\\u202e``), a backslash doubled and ``|`` as ``\\|``."""
+    out = []
+    for ch in str(value):
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "|":
+            out.append("\\|")
+        elif unicodedata.category(ch) in _ESCAPED_CATEGORIES:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def to_markdown(lines: list[ReleaseLineage]) -> str:
-    """One table row per release, then each release's scores and windows."""
+    """One table row per release, then each release's scores and windows. Every text from
+    the record goes through :func:`shown`: no terminal escape and no '|' reaches the output
+    raw (``--json`` escapes them as JSON does)."""
     if not lines:
         return "no release in the record"
     rows = [
         (
-            ln.release_id,
-            ln.state,
-            f"{ln.upstream_repo}@{ln.upstream_commit[:12]}",
-            ln.scheme,
+            shown(ln.release_id),
+            shown(ln.state),
+            shown(f"{ln.upstream_repo}@{ln.upstream_commit[:12]}"),
+            shown(ln.scheme),
             ln.goodput if ln.goodput is not None else "—",
-            ln.rollout or "—",
-            ", ".join(ln.missing) or "—",
+            shown(ln.rollout or "—"),
+            shown(", ".join(ln.missing) or "—"),
         )
         for ln in lines
     ]
@@ -297,28 +322,35 @@ def to_markdown(lines: list[ReleaseLineage]) -> str:
             rows,
             headers=["release", "state", "upstream", "scheme", "goodput", "rollout", "missing"],
             tablefmt="github",
+            disable_numparse=True,
         )
     ]
     for ln in lines:
-        out.append(f"\n{ln.release_id}: {ln.decision or 'no decision recorded'}")
+        out.append(f"\n{shown(ln.release_id)}: {shown(ln.decision or 'no decision recorded')}")
         for s in ln.scores:
             ci = f" [{s.ci_low:.3f}, {s.ci_high:.3f}]" if s.ci_low is not None else ""
-            set_id = f" (set {s.eval_set_sha256[:12]})" if s.eval_set_sha256 else ""
-            out.append(f"  {s.eval_set}/{s.metric} {s.value:.3f}{ci}{set_id}")
+            set_id = f" (set {shown(s.eval_set_sha256[:12])})" if s.eval_set_sha256 else ""
+            out.append(f"  {shown(s.eval_set)}/{shown(s.metric)} {s.value:.3f}{ci}{set_id}")
         if ln.published:
-            out.append(f"  published as {ln.published}")
+            out.append(f"  published as {shown(ln.published)}")
         if ln.artifact_cache_key:
             out.append(
-                f"  quantization {ln.artifact_cache_key[:16]}, {len(ln.artifact_sha256)} files"
+                f"  quantization {shown(ln.artifact_cache_key[:16])}, "
+                f"{len(ln.artifact_sha256)} files"
             )
         for step in ln.steps:
-            out.append(f"  step {step.weight}% from {step.entered_at}: {step.outcome or 'open'}")
+            out.append(
+                f"  step {step.weight}% from {shown(step.entered_at)}: "
+                f"{shown(step.outcome or 'open')}"
+            )
             for w in step.windows:
-                out.append(f"    window {w.index}: {w.verdict} ({w.reason})")
+                out.append(f"    window {w.index}: {shown(w.verdict)} ({shown(w.reason)})")
         if not ln.steps:
             for w in ln.windows:
-                out.append(f"  {w.weight}% window {w.index}: {w.verdict} ({w.reason})")
-        out.extend(f"  {a}" for a in ln.approvals)
+                out.append(
+                    f"  {w.weight}% window {w.index}: {shown(w.verdict)} ({shown(w.reason)})"
+                )
+        out.extend(f"  {shown(a)}" for a in ln.approvals)
     return "\n".join(out)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -350,3 +351,47 @@ def test_origin_of_a_hostile_quantization_record_is_empty_not_an_error(home):
     for text in ('{"files": "all"}', '{"files": [{"path": "a"}]}', "[]", "{not json"):
         manifest.write_text(text)
         assert origin_of(model, "FP8_DYNAMIC").files == {}
+
+
+HOSTILE = "x\x1b]0;owned\x07\x1b[2J|y\nz\u202ew\x9b1m\\"
+
+
+def test_history_prints_the_records_text_inert():
+    """Text from the record (anyone with its URL writes it) reaches the terminal with its
+    escapes, controls, bidi overrides and line breaks escaped, and '|' cannot add a cell."""
+    line = lineage.ReleaseLineage(
+        release_id="w4a16-9",
+        service="m",
+        state=f"stable{HOSTILE}",
+        started_at="2026-12-04T00:00:00Z",
+        upstream_repo=f"acme/{HOSTILE}",
+        upstream_commit="b" * 40,
+        candidate="w4a16",
+        scheme=HOSTILE,
+        decision=f"goes out{HOSTILE}",
+        rollout=HOSTILE,
+        missing=[HOSTILE],
+        published=HOSTILE,
+        approvals=[f"approved by {HOSTILE}"],
+        scores=[lineage.Score(eval_set=HOSTILE, metric=HOSTILE, value=0.5)],
+        steps=[
+            lineage.Step(
+                weight=5,
+                entered_at=HOSTILE,
+                outcome=HOSTILE,
+                windows=[lineage.Window(weight=5, index=1, verdict=HOSTILE, reason=HOSTILE)],
+            )
+        ],
+    )
+    text = lineage.to_markdown([line])
+    assert not any(ch in text for ch in "\x1b\x07\x9b\u202e")
+    assert all(ch == "\n" or ch.isprintable() for ch in text)
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\|y\\nz\\u202ew\\x9b1m\\\\" in text
+    table = [row for row in text.splitlines() if row.startswith("|")]
+    assert len(table) == 3  # header, rule, one release: the '\n' split no row
+    for row in table:  # 7 cells: 8 pipes not preceded by a backslash
+        assert len(re.findall(r"(?<!\\)\|", row)) == 8, row
+    # Each release's lines stay its own: the hostile '\n' starts no line of its own.
+    assert not any(row.startswith(("z", "y")) for row in text.splitlines())
+    # --json escapes them as JSON does.
+    assert "\x1b" not in lineage.to_json([line])
