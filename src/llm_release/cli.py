@@ -483,6 +483,51 @@ def _has_gpu() -> bool:
     return gpu_memory_gib() is not None
 
 
+# What 'plan' takes: a folder path (PATH_MAX, NAME_MAX a part) or a hub repo id (the hubs'
+# own bound: huggingface_hub refuses a longer one).
+MAX_PLAN_PATH = 4096
+MAX_PATH_PART = 255
+MAX_REPO_ID = 96
+
+
+def _plan_folder(model: str) -> Path | None:
+    """The model folder ``plan`` reads, or None for a hub repo id; ConfigError in one line
+    naming the bound for anything else, before the disk or a hub is asked."""
+    import re
+
+    from llm_release.config import REPO_ID
+    from llm_release.errors import ConfigError
+
+    shown = ascii(model[:80]) + ("..." if len(model) > 80 else "")
+    hint = (
+        f"pass an existing folder with config.json (a path of at most {MAX_PLAN_PATH} "
+        f"characters, {MAX_PATH_PART} a part) or an 'owner/name' repo id of at most "
+        f"{MAX_REPO_ID} characters (letters, digits, '.', '_', '-') with --endpoint"
+    )
+    if any(not ch.isprintable() for ch in model):
+        raise ConfigError(f"model {shown} holds a control character", hint=hint)
+    if len(model) > MAX_PLAN_PATH or any(len(p) > MAX_PATH_PART for p in model.split("/")):
+        raise ConfigError(
+            f"model {shown} is {len(model):,} characters long: a folder path is at most "
+            f"{MAX_PLAN_PATH} ({MAX_PATH_PART} a part), a repo id at most {MAX_REPO_ID}",
+            hint=hint,
+        )
+    local = Path(model).expanduser()
+    if local.is_dir():
+        return local
+    if model.startswith(("/", ".", "~")) or model.count("/") != 1:
+        raise ConfigError(
+            f"{shown} is neither a model folder nor an 'owner/name' repo id", hint=hint
+        )
+    if len(model) > MAX_REPO_ID or not re.fullmatch(REPO_ID, model):
+        raise ConfigError(
+            f"repo id {shown} is not an 'owner/name' of at most {MAX_REPO_ID} letters, digits, "
+            "'.', '_' and '-'",
+            hint=hint,
+        )
+    return None
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Size a model folder or a hub repo (headers only) for vLLM; logic in planner."""
     from llm_release import sizing as planner
@@ -490,14 +535,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from llm_release.hub import hub_headers
     from llm_release.sizing import corrections
 
-    local = Path(args.model).expanduser()
-    if local.is_dir():
+    local = _plan_folder(args.model)
+    if local is not None:
         files = hub_headers.read_local(local)
-    elif args.model.startswith(("/", ".", "~")) or args.model.count("/") != 1:
-        raise ConfigError(
-            f"{args.model} is neither a model folder nor an 'owner/name' repo id",
-            hint="pass an existing folder with config.json, or a repo id with --endpoint",
-        )
     else:
         files = hub_headers.read_hub(
             args.model, revision=args.revision, endpoint=args.endpoint, hub=args.hub

@@ -32,3 +32,38 @@ def test_input_errors_are_one_line_with_a_non_zero_exit(home, capsys, argv, expe
 def test_debug_shows_the_exception(home):
     with pytest.raises(ReleaseError):
         cli(["--debug", "canary", "rollback"])
+
+
+LONG = "a" * 5000
+
+
+@pytest.mark.parametrize(
+    "argv, bound",
+    [
+        (["plan", f"acme/{LONG}"], "at most 4096"),
+        (["plan", LONG], "at most 4096"),
+        (["plan", f"/{'d' * 300}/model"], "255 a part"),
+        (["plan", "acme/" + "b" * 120, "--endpoint", "http://127.0.0.1:9"], "at most 96"),
+        (["plan", "acme/x\x1b[2J", "--endpoint", "http://127.0.0.1:9"], "control character"),
+        (["plan", "acme/x..y|z"], "at most 96"),
+        (["eval-sets", "new", LONG, "--min-score", "0.5"], "at most 64 characters"),
+        (["eval-sets", "new", "x" * 65, "--min-score", "0.5"], "at most 64 characters"),
+        (["eval-sets", "new", "a\x1b]0;owned\x07", "--min-score", "0.5"], "at most 64 characters"),
+    ],
+)
+def test_hostile_or_overlong_names_are_one_line_naming_the_bound(
+    home, tmp_path, capsys, argv, bound
+):
+    """Before the disk, a hub or the template is touched: no 'unexpected OSError: File name
+    too long', the name shown escaped and cut, nothing created."""
+    root = tmp_path / "sets"
+    root.mkdir()
+    if argv[0] == "eval-sets":
+        argv = [*argv, "--root", str(root)]
+    code = cli(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and bound in lines[0], err
+    assert "unexpected" not in err and "\x1b" not in err and "\x07" not in err
+    assert len(err) < 700 and list(root.iterdir()) == []

@@ -776,9 +776,18 @@ def resolution(eval_set: EvalSet, items: list[dict]) -> list[dict]:
     return out
 
 
+MAX_NEW_NAME = 64  # a folder name and an lm-eval task name; under safety.set_name's 100
+
+
 def check_new_name(name: str) -> None:
+    """A new set's name: ``[a-z][a-z0-9_]*``, at most MAX_NEW_NAME characters; EvalError in
+    one line naming the rule and the bound (the name shown escaped and cut)."""
+    rule = f"use lower-case letters, digits and '_', at most {MAX_NEW_NAME} characters"
+    shown = ascii(name[:60]) + ("..." if len(name) > 60 else "")
+    if len(name) > MAX_NEW_NAME:
+        raise EvalError(f"eval set name {shown} is {len(name):,} characters long: {rule}")
     if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-        raise EvalError(f"eval set name {name!r}: use lower-case letters, digits and '_'")
+        raise EvalError(f"eval set name {shown}: {rule}")
 
 
 def scaffold(
