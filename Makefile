@@ -42,7 +42,7 @@ help:
 # HOST_TORCH=1 uses the host's CUDA torch, WHEELHOUSE=DIR installs from DIR with no registry,
 # ONLY=serving|pipeline makes one virtualenv (bash scripts/setup.sh --plan prints what it would do).
 SETUP_ARGS = $(if $(TARGET),--target $(TARGET)) $(if $(filter 1 true yes,$(HOST_TORCH)),--host-torch) \
-  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(ONLY),--only $(ONLY))
+  $(if $(WHEELHOUSE),--wheelhouse $(WHEELHOUSE)) $(if $(ONLY),--only $(ONLY)) $(if $(VLLM_DEPS),--vllm-deps $(VLLM_DEPS))
 setup:
 	@start=$$(date +%s); bash scripts/setup.sh $(SETUP_ARGS) && echo "setup: $$(( $$(date +%s) - start )) s"
 	@mkdir -p $(PREFECT_HOME)
@@ -50,7 +50,7 @@ setup:
 wheelhouse:
 	@start=$$(date +%s); bash scripts/wheelhouse.sh $(WHEELHOUSE) $(if $(TARGET),--target $(TARGET)) \
 	  $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) $(if $(PLATFORM),--platform $(PLATFORM)) \
-	  $(if $(ONLY),--only $(ONLY)) && echo "wheelhouse: $$(( $$(date +%s) - start )) s"
+	  $(if $(ONLY),--only $(ONLY)) $(if $(HOST_PACKAGES),--host-packages $(HOST_PACKAGES)) $(if $(VLLM_DEPS),--vllm-deps $(VLLM_DEPS)) && echo "wheelhouse: $$(( $$(date +%s) - start )) s"
 
 image: setup
 	@start=$$(date +%s); $(CLI) image build && echo "image: $$(( $$(date +%s) - start )) s"
@@ -94,14 +94,17 @@ worker-up: prefect-up
 # The demo's runs go through the deployments and the worker, as a run from the UI does, so
 # they are the runs a user later finds under Deployments; the worker's log is shown live.
 # They pass the demo profile explicitly (configs/demo.json, configs/demo-update.json:
-# approvals given by the config) so the demo runs unattended; the deployments' own
-# defaults (profile cpu_host) ask a person.
+# approvals given by the config; on CUDA vLLM configs/demo-gpu*.json, the gpu_host sizing:
+# scripts/demo-config.sh) so the demo runs unattended; the deployments' own defaults
+# (profile cpu_host) ask a person.
 DEMO_RUN = PREFECT_API_URL=$(PREFECT_API) $(PY) -m
 demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
-	@start=$$(date +%s); \
+	@configs=$$(bash scripts/demo-config.sh) || exit 1; read -r config update_config <<< "$$configs"; \
+	echo "demo: $$config, then $$update_config (scripts/demo-config.sh: the serving runtime's)"; \
+	start=$$(date +%s); \
 	tail -n0 -F $(LLM_RELEASE_HOME)/worker.log 2>/dev/null & tailer=$$!; \
 	$(DEMO_RUN) flows.release --deployment release/release \
-	  --hub-endpoint $(HUB_URL) --config configs/demo.json --serving-backend $(SERVING_BACKEND) \
+	  --hub-endpoint $(HUB_URL) --config $$config --serving-backend $(SERVING_BACKEND) \
 	  --output $(LLM_RELEASE_HOME)/demo-result.json; \
 	rc=$$?; end=$$(date +%s); kill $$tailer 2>/dev/null; \
 	if [ $$rc -ne 0 ]; then echo "the release failed (exit $$rc); see the log above"; exit $$rc; fi; \
@@ -115,7 +118,7 @@ demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	start=$$(date +%s); \
 	tail -n0 -F $(LLM_RELEASE_HOME)/worker.log 2>/dev/null & tailer=$$!; \
 	$(DEMO_RUN) flows.model_update --deployment model-update/model-update \
-	  --hub-endpoint $(HUB_URL) --config configs/demo-update.json --serving-backend $(SERVING_BACKEND) \
+	  --hub-endpoint $(HUB_URL) --config $$update_config --serving-backend $(SERVING_BACKEND) \
 	  --output $(LLM_RELEASE_HOME)/demo-update.json; \
 	rc=$$?; end=$$(date +%s); kill $$tailer 2>/dev/null; \
 	if [ $$rc -ne 0 ]; then echo "the update failed (exit $$rc); see the log above"; exit $$rc; fi; \

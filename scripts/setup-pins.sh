@@ -41,3 +41,20 @@ for req in reqs:
         print(req)
 EOF
 }
+
+# VLLM_DEPS=lean (with HOST_TORCH=1): vLLM's requirements less these, the optional kernels and
+# integrations its OpenAI server never imports for the models the project serves on Hopper
+# (FlashInfer, the CUTLASS DSL, TileLang and TokenSpeed kernels, fastsafetensors, video
+# decoding; OpenTelemetry tracing, MCP and the Anthropic API; Mistral's tokenizer; the
+# lm-format-enforcer/lark/jsonschema guided-decoding backends, xgrammar and llguidance kept;
+# numba, whose pin would replace the host's numpy). What is left is the set vLLM 0.26.0 served
+# dense, MoE, hybrid, FP8 and W4A16 models with on the H200 (docs/gpu-host.md): a wheelhouse
+# for an air-gapped host a few hundred MB smaller. vLLM says so in its log when a request
+# needs one of them (e.g. a Mistral model, --otlp-traces-endpoint).
+GPU_VLLM_LEAN_SKIP=(
+  flashinfer-python nvidia-cutlass-dsl tilelang tokenspeed-mla humming-kernels quack-kernels
+  nvidia-cudnn-frontend nvtx fastsafetensors pynvvideocodec torchcodec
+  opentelemetry-sdk opentelemetry-api opentelemetry-exporter-otlp
+  opentelemetry-semantic-conventions-ai mcp anthropic mistral-common
+  lm-format-enforcer lark jsonschema ijson python-json-logger numba
+)

@@ -19,6 +19,9 @@
 #                        both virtualenvs --system-site-packages, torch never installed
 #   --wheelhouse DIR     WHEELHOUSE=, LLM_RELEASE_WHEELHOUSE=   install from DIR only (made by
 #                        'make wheelhouse'): no registry, no Debian package installed
+#   --vllm-deps full|lean   VLLM_DEPS=, LLM_RELEASE_VLLM_DEPS=   with a host torch: vLLM's
+#                        requirements all (full, the default) or less the optional kernels and
+#                        integrations of GPU_VLLM_LEAN_SKIP (scripts/setup-pins.sh)
 #   --only serving|pipeline   ONLY=   make that virtualenv and nothing else (no Debian
 #                        package, no dockerd)
 #   --plan (--dry-run)   print the branch, why, and every command it would run; install nothing
@@ -40,6 +43,7 @@ target=${LLM_RELEASE_SETUP_TARGET:-}
 target_from=LLM_RELEASE_SETUP_TARGET
 host_torch=${LLM_RELEASE_HOST_TORCH:-0}
 wheelhouse=${LLM_RELEASE_WHEELHOUSE:-}
+vllm_deps=${LLM_RELEASE_VLLM_DEPS:-full}
 only=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -51,15 +55,44 @@ while [ $# -gt 0 ]; do
     --wheelhouse=*) wheelhouse=${1#*=} ;;
     --only) only=${2:-}; shift ;;
     --only=*) only=${1#*=} ;;
+    --vllm-deps) vllm_deps=${2:-}; shift ;;
+    --vllm-deps=*) vllm_deps=${1#*=} ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see: bash scripts/setup.sh --help)" ;;
   esac
   shift
 done
+# The options of the last whole setup (both virtualenvs) that was given any, taken again by a
+# setup given none: 'make demo' and 'make test' run a bare 'make setup' first, which must not
+# undo 'make setup WHEELHOUSE=DIR HOST_TORCH=1' on an air-gapped host (.setup-logs/options;
+# a wheelhouse folder gone since is dropped from them).
+case "$wheelhouse" in "" | /*) ;; *) wheelhouse="$here/$wheelhouse" ;; esac
+remembered=${LLM_RELEASE_SETUP_OPTIONS:-.setup-logs/options}
+given="$target$wheelhouse${host_torch#0}${vllm_deps#full}"
+if [ -z "$given" ] && [ -f "$remembered" ]; then
+  while IFS='=' read -r key value; do
+    case "$key" in
+      target) target=$value target_from="$remembered" ;;
+      host_torch) host_torch=$value ;;
+      wheelhouse) [ -z "$value" ] || [ ! -d "$value" ] || wheelhouse=$value ;;
+      vllm_deps) vllm_deps=$value ;;
+    esac
+  done < "$remembered"
+  echo "setup: the options of the last setup ($(paste -sd' ' "$remembered")), from $remembered"
+elif [ -n "$given" ] && [ "$plan" = 0 ] && [ -z "$only" ]; then
+  mkdir -p .setup-logs
+  printf 'target=%s\nhost_torch=%s\nwheelhouse=%s\nvllm_deps=%s\n' "$target" "$host_torch" \
+    "$wheelhouse" "$vllm_deps" > "$remembered"
+fi
 case "${host_torch,,}" in
   1 | true | yes) host_torch=1 ;;
   0 | false | no | "") host_torch=0 ;;
   *) die "LLM_RELEASE_HOST_TORCH (HOST_TORCH) is '$host_torch': 1 or 0" ;;
+esac
+case "$vllm_deps" in
+  full) ;;
+  lean) [ "$host_torch" = 1 ] || die "VLLM_DEPS=lean is for a host torch (HOST_TORCH=1): elsewhere vLLM comes with all its requirements" ;;
+  *) die "VLLM_DEPS is '$vllm_deps': full or lean" ;;
 esac
 case "$only" in
   "") venvs=(pipeline serving) ;;
@@ -130,7 +163,6 @@ pins=cpu
 # --- a wheelhouse: its manifest must be for this python and these pins ------------------------
 SRC=()
 if [ -n "$wheelhouse" ]; then
-  case "$wheelhouse" in /*) ;; *) wheelhouse="$here/$wheelhouse" ;; esac
   [ -f "$wheelhouse/MANIFEST" ] ||
     die "$wheelhouse has no MANIFEST: make one with 'make wheelhouse WHEELHOUSE=$wheelhouse TARGET=$pins PYTHON_VERSION=$pyver'"
   m_target=$(sed -n 's/^target=//p' "$wheelhouse/MANIFEST" | head -n1)
@@ -139,6 +171,13 @@ if [ -n "$wheelhouse" ]; then
   if [ "$m_target" != "$pins" ] || [ "$m_python" != "$pyver" ]; then
     die "wheelhouse $wheelhouse is for target $m_target, python $m_python; this setup needs target $pins, python $pyver ($PYTHON): make one with 'make wheelhouse WHEELHOUSE=DIR TARGET=$pins PYTHON_VERSION=$pyver'"
   fi
+  m_vllm_deps=$(sed -n 's/^vllm_deps=//p' "$wheelhouse/MANIFEST" | head -n1)
+  if [ "${m_vllm_deps:-full}" != "$vllm_deps" ] && [[ " ${venvs[*]} " == *" serving "* ]]; then
+    die "wheelhouse $wheelhouse holds vLLM's ${m_vllm_deps:-full} requirements; this setup asks for $vllm_deps: run it with VLLM_DEPS=${m_vllm_deps:-full}"
+  fi
+  m_host=$(sed -n 's/^host_packages=//p' "$wheelhouse/MANIFEST" | head -n1)
+  [ -z "$m_host" ] || [ "$host_torch" = 1 ] ||
+    die "wheelhouse $wheelhouse leaves out what a host's own packages hold ($m_host): run setup there with HOST_TORCH=1"
   for v in "${venvs[@]}"; do
     [[ ",$m_venvs," == *",$v,"* ]] ||
       die "wheelhouse $wheelhouse holds the $m_venvs virtualenv(s), not $v: make it without ONLY=, or run setup with ONLY=$m_venvs"
@@ -153,7 +192,7 @@ if [ -n "$wheelhouse" ]; then
 fi
 
 # --- a host torch: checked with the interpreter the virtualenvs are made from ---------------
-host_torch_version=""
+host_torch_version="" host_venv=0
 if [ "$host_torch" = 1 ]; then
   probe='
 import sys
@@ -164,12 +203,24 @@ except Exception as e:
     sys.exit()
 cuda = getattr(torch.version, "cuda", None) or "none"
 seen = ("yes" if torch.cuda.is_available() else "no") if sys.argv[1] == "gpu" else "unchecked"
-print("ok", torch.__version__, cuda, seen)
+# the version its distribution declares is what pip sees and what the constraint must name
+# (the H200 image: 2.11.0, where torch.__version__ is 2.11.0+cu130): the one whose files are
+# the torch imported; none: pip sees no distribution of it
+import os
+from importlib.metadata import distributions
+here = os.path.dirname(os.path.realpath(torch.__file__))
+dist = "none"
+for d in distributions():
+    name = (d.metadata["Name"] or "").lower()
+    if name == "torch" and os.path.realpath(d.locate_file("torch")) == here:
+        dist = d.version
+        break
+print("ok", torch.__version__, cuda, seen, dist)
 '
-  read -r status tv tcuda tseen <<<"$("$PYTHON" -c "$probe" "$branch" 2>&1 | tail -n1)" || true
+  read -r status tv tcuda tseen tdist <<<"$("$PYTHON" -c "$probe" "$branch" 2>&1 | tail -n1)" || true
   fix="or drop HOST_TORCH=1 (setup then installs $GPU_TORCH into the virtualenvs)"
   if [ "$status" != ok ]; then
-    die "HOST_TORCH=1 but $PYTHON cannot import torch (${tv:-no output} ${tcuda:-} ${tseen:-}): install the host's CUDA torch for it, point PYTHON at the interpreter that has one, $fix"
+    die "HOST_TORCH=1 but $PYTHON cannot import torch ($(echo ${tv:-no output} ${tcuda:-} ${tseen:-} ${tdist:-})): install the host's CUDA torch for it, point PYTHON at the interpreter that has one, $fix"
   elif [ "$tcuda" = none ]; then
     die "HOST_TORCH=1 but the torch of $PYTHON ($tv) is a CPU build (torch.version.cuda is None): HOST_TORCH needs a CUDA torch $GPU_TORCH_SERIES.x, $fix"
   elif [ "$tseen" = no ]; then
@@ -177,8 +228,20 @@ print("ok", torch.__version__, cuda, seen)
   elif [[ "$tv" != "$GPU_TORCH_SERIES".* ]]; then
     die "HOST_TORCH=1 but the torch of $PYTHON is $tv, not $GPU_TORCH_SERIES.x, the torch $GPU_VLLM is built for: use an image with torch $GPU_TORCH_SERIES, $fix"
   fi
-  host_torch_version=$tv
-  echo "setup: host torch $tv (CUDA $tcuda) of $PYTHON: the virtualenvs see it (--system-site-packages); torch is not installed"
+  [ "${tdist:-none}" != none ] ||
+    die "HOST_TORCH=1 but torch $tv of $PYTHON has no distribution metadata that pip can see (no torch-*.dist-info beside it): pip would install another torch over it; install the host's torch with pip, or drop HOST_TORCH=1"
+  # the constraint names the version pip sees (the distribution's)
+  host_torch_version=$tdist
+  # Where that interpreter's packages are. --system-site-packages shows a new virtualenv only
+  # the base install's: when $PYTHON is itself a virtualenv (vendor images ship one, e.g.
+  # /opt/torch/.venv), its site-packages are named in a .pth file of each new virtualenv.
+  host_sites=$("$PYTHON" -c 'import os, site; print(":".join(p for p in site.getsitepackages() if os.path.isdir(p)))')
+  # A virtualenv's own python sees only its site-packages: so do the new virtualenvs (no
+  # --system-site-packages: the base install's dist-packages would come before the host's)
+  host_venv=$("$PYTHON" -c 'import sys; print(int(sys.prefix != sys.base_prefix))')
+  how="--system-site-packages and llm-release-host.pth"
+  [ "$host_venv" = 0 ] || how="llm-release-host.pth; $PYTHON is a virtualenv"
+  echo "setup: host torch $tv (CUDA $tcuda) of $PYTHON: the virtualenvs see its packages ($how: ${host_sites//:/, }); torch is not installed"
 fi
 
 need=()
@@ -284,11 +347,16 @@ flavour_file=llm-release-flavour
 venv_flags() {
   local dir=$1 was=cpu
   flags=()
-  [ "$host_torch" = 0 ] || flags+=(--system-site-packages)
+  [ "$host_torch" = 0 ] || [ "$host_venv" = 1 ] || flags+=(--system-site-packages)
   if [ -d "$dir" ]; then
     [ ! -f "$dir/$flavour_file" ] || was=$(cat "$dir/$flavour_file")
     [ "$was" = "$runtime" ] || flags+=(--clear)
   fi
+}
+# A host torch: the new virtualenv DIR sees the host interpreter's site-packages (host_sites).
+link_host() {
+  [ "$host_torch" = 1 ] || return 0
+  put "$1/lib/python$pyver/site-packages/llm-release-host.pth" "$(tr ':' '\n' <<<"$host_sites")"
 }
 mark_flavour() {
   if [ "$runtime" = cpu ]; then run rm -f "$1/$flavour_file"; else put "$1/$flavour_file" "$runtime"; fi
@@ -329,6 +397,7 @@ pipeline_reqs=()
 pipeline_venv() {
   venv_flags .venv
   run "$PYTHON" -m venv "${flags[@]}" .venv
+  link_host .venv
   run .venv/bin/pip install -q --upgrade "${SRC[@]}" pip
   case "$runtime" in
     cpu) run .venv/bin/pip install -q "${SRC[@]}" -e '.[pipeline,dev]' ;;
@@ -352,6 +421,7 @@ pipeline_venv() {
 serving_venv() {
   venv_flags .venv-vllm
   run "$PYTHON" -m venv "${flags[@]}" .venv-vllm
+  link_host .venv-vllm
   case "$runtime" in
     cpu)
       run .venv-vllm/bin/pip install -q "${SRC[@]}" "$CPU_TORCH" "$CPU_VLLM"
@@ -369,9 +439,11 @@ serving_venv() {
       put .venv-vllm/llm-release-host-torch.txt "torch==$host_torch_version"
       run .venv-vllm/bin/pip install -q --no-deps "${SRC[@]}" "$GPU_VLLM"
       if [ "$plan" = 1 ]; then
-        echo "    .venv-vllm/bin/pip install -q ${SRC[*]:+${SRC[*]} }-c .venv-vllm/llm-release-host-torch.txt <the requirements of $GPU_VLLM less ${TORCH_FAMILY[*]}, read from its metadata>"
+        echo "    .venv-vllm/bin/pip install -q ${SRC[*]:+${SRC[*]} }-c .venv-vllm/llm-release-host-torch.txt <the requirements of $GPU_VLLM less ${TORCH_FAMILY[*]}$([ "$vllm_deps" = full ] || echo " and GPU_VLLM_LEAN_SKIP"), read from its metadata>"
       else
-        mapfile -t vllm_reqs < <(.venv-vllm/bin/python -c "$requirements_of" "${GPU_VLLM%%[=<>]*}" "${TORCH_FAMILY[@]}")
+        skip=("${TORCH_FAMILY[@]}")
+        [ "$vllm_deps" = full ] || skip+=("${GPU_VLLM_LEAN_SKIP[@]}")
+        mapfile -t vllm_reqs < <(.venv-vllm/bin/python -c "$requirements_of" "${GPU_VLLM%%[=<>]*}" "${skip[@]}")
         [ ${#vllm_reqs[@]} -gt 0 ] || { echo "no requirements read from the metadata of ${GPU_VLLM%%[=<>]*}"; exit 1; }
         run .venv-vllm/bin/pip install -q "${SRC[@]}" -c .venv-vllm/llm-release-host-torch.txt "${vllm_reqs[@]}"
       fi
@@ -403,8 +475,8 @@ case "$runtime" in
     ;;
   host-torch)
     stamp_pipeline=.venv/.llm-release-$pyproject_hash-host-torch-$host_torch_version
-    stamp_vllm=.venv-vllm/.llm-release-${GPU_VLLM/==/-}-host-torch-$host_torch_version
-    serving_what="${GPU_VLLM/==/ } on the host torch $host_torch_version"
+    stamp_vllm=.venv-vllm/.llm-release-${GPU_VLLM/==/-}-host-torch-$host_torch_version-$vllm_deps
+    serving_what="${GPU_VLLM/==/ } on the host torch $host_torch_version$([ "$vllm_deps" = full ] || echo ", its lean requirements")"
     pipeline_what="the host torch $host_torch_version"
     ;;
 esac

