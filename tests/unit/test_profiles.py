@@ -50,14 +50,21 @@ def test_every_deployment_with_a_release_config_asks_a_person():
 def test_profiles_and_their_files_agree():
     assert PROFILES["cpu_host"] == FILES["cpu-host"]
     assert PROFILES["cpu_demo"] == FILES["demo"]
-    # The update's file is the demo's with no quantized candidates.
+    assert PROFILES["gpu_demo"] == FILES["demo-gpu"]
+    # The GPU demo is the gpu_host sizing, with the demo's approvals and canary walk.
+    gpu_demo = dict(FILES["demo-gpu"])
+    assert gpu_demo.pop("review") == {"auto": "approve"} and gpu_demo.pop("rollout")
+    assert gpu_demo == PROFILES["gpu_host"]
+    # The updates' files are the demos' with no quantized candidates.
     assert FILES["demo-update"] == {"candidates": []} | FILES["demo"]
+    assert FILES["demo-gpu-update"] == {"candidates": []} | FILES["demo-gpu"]
 
 
-def test_make_demo_chooses_the_demo_files_explicitly():
+def test_make_demo_passes_the_files_scripts_demo_config_chooses():
     makefile = (ROOT / "Makefile").read_text()
     demo = makefile[makefile.index("\ndemo:") :]
-    assert re.search(r"--deployment release/release .*\n.*--config configs/demo\.json", demo)
+    assert "configs=$$(bash scripts/demo-config.sh) || exit 1" in demo
+    assert re.search(r"--deployment release/release .*\n.*--config \$\$config ", demo)
     assert re.search(
-        r"--deployment model-update/model-update .*\n.*--config configs/demo-update\.json", demo
+        r"--deployment model-update/model-update .*\n.*--config \$\$update_config ", demo
     )
