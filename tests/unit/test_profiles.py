@@ -51,10 +51,14 @@ def test_profiles_and_their_files_agree():
     assert PROFILES["cpu_host"] == FILES["cpu-host"]
     assert PROFILES["cpu_demo"] == FILES["demo"]
     assert PROFILES["gpu_demo"] == FILES["demo-gpu"]
-    # The GPU demo is the gpu_host sizing, with the demo's approvals and canary walk.
+    # The GPU demo is the gpu_host sizing at a third of a GPU (stable, canary and a measured
+    # candidate share one), with the demo's approvals and canary walk.
     gpu_demo = dict(FILES["demo-gpu"])
     assert gpu_demo.pop("review") == {"auto": "approve"} and gpu_demo.pop("rollout")
-    assert gpu_demo == PROFILES["gpu_host"]
+    assert gpu_demo.pop("serving") == PROFILES["gpu_host"]["serving"] | {
+        "gpu_memory_utilization": 0.3
+    }
+    assert gpu_demo == {k: v for k, v in PROFILES["gpu_host"].items() if k != "serving"}
     # The updates' files are the demos' with no quantized candidates.
     assert FILES["demo-update"] == {"candidates": []} | FILES["demo"]
     assert FILES["demo-gpu-update"] == {"candidates": []} | FILES["demo-gpu"]

@@ -171,6 +171,9 @@ class GpuClaimRow(Base):
     pid: Mapped[int | None] = mapped_column(BigInteger)
     pid_started: Mapped[float | None] = mapped_column(Float)
     container: Mapped[str | None]
+    # the part of each GPU's memory it holds (its gpu_memory_utilization): servers share a
+    # GPU while their shares add up to at most gpus.SHARE_CAP
+    share: Mapped[float] = mapped_column(Float, server_default="1.0")
 
 
 class ImportRow(Base):

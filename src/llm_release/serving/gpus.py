@@ -1,4 +1,5 @@
-"""Which GPUs each running server of the project holds, so that no two servers share one.
+"""Which GPUs each running server of the project holds, and how much of each: servers share
+a GPU only while their ``gpu_memory_utilization`` adds up to at most ``SHARE_CAP``.
 
 The ledger is the record's ``gpu_claims`` table (``llm_release.record``: SQLite under the
 project home, or PostgreSQL shared by several workers), changed in one transaction that
@@ -10,6 +11,12 @@ process until the server's own pid or container is bound to the claim) and gives
 back when it stops. A claim whose holder no longer runs — a killed pipeline, a server
 that died, a container removed by hand — is dropped at the next claim, so a crash never
 locks a GPU away for good.
+
+Each claim holds a share of its GPUs, its server's ``gpu_memory_utilization`` (vLLM takes that
+fraction of the GPU's memory and checks at its start that it is free): at the default 0.9 a
+server has its GPUs to itself, as before; at 0.3 the stable release, its canary and a
+measured candidate fit on one GPU (the GPU demo's sizing, configs/demo-gpu.json). A new
+server takes wholly free GPUs first, then the least used ones with room.
 """
 
 from __future__ import annotations
@@ -46,6 +53,13 @@ class Claim(BaseModel):
     pid: int | None = None
     pid_started: float | None = None
     container: str | None = None
+    # the part of each of its GPUs' memory it holds (its gpu_memory_utilization)
+    share: float = Field(1.0, gt=0, le=1)
+
+
+# Servers share a GPU while their shares add up to at most this: vLLM's own CUDA context and
+# the driver's reserve are outside every server's budget.
+SHARE_CAP = 0.95
 
 
 class Ledger(BaseModel):
@@ -54,7 +68,20 @@ class Ledger(BaseModel):
     claims: list[Claim] = Field(default_factory=list)
 
     def held(self) -> dict[int, str]:
-        return {gpu: c.holder for c in self.claims for gpu in c.gpus}
+        """GPU index → the servers holding a share of it (names, comma-separated)."""
+        held: dict[int, list[str]] = {}
+        for c in self.claims:
+            for gpu in c.gpus:
+                held.setdefault(gpu, []).append(c.holder)
+        return {gpu: ", ".join(names) for gpu, names in held.items()}
+
+    def used(self) -> dict[int, float]:
+        """GPU index → the shares of it held."""
+        used: dict[int, float] = {}
+        for c in self.claims:
+            for gpu in c.gpus:
+                used[gpu] = used.get(gpu, 0.0) + c.share
+        return used
 
 
 def ledger_path() -> Path:
@@ -83,41 +110,53 @@ def choose(
     tensor_parallel_size: int,
     host: list[int],
     held: dict[int, str],
+    used: dict[int, float] | None = None,
+    share: float = 1.0,
 ) -> list[int]:
-    """The GPUs a new server gets: ``wanted`` out of ``host``, none of those in ``held``
-    (GPU index → the server holding it). Raises naming the holders when they do not fit."""
-    free = [g for g in host if g not in held]
+    """The GPUs a new server holding ``share`` of each gets: ``wanted`` out of ``host``, each
+    with room (``used``: GPU index → the shares held, by default a whole GPU for each in
+    ``held``; ``held``: GPU index → the servers holding it). Wholly free GPUs first, then the
+    least used. Raises naming the holders when they do not fit."""
+    used = {g: 1.0 for g in held} if used is None else used
+
+    def room(g: int) -> bool:
+        taken = used.get(g, 0.0)
+        return taken == 0 or taken + share <= SHARE_CAP + 1e-9
+
+    free = sorted((g for g in host if room(g)), key=lambda g: (used.get(g, 0.0), host.index(g)))
 
     def refuse(what: str, busy: list[int]) -> ServeError:
         holders = ", ".join(f"GPU {g}: {held[g]}" for g in busy) or "none"
         return ServeError(
             f"{what}; GPUs on this host: {host or 'none'}, held by running servers: {holders}",
             hint="wait for a running candidate to finish, roll back or promote the canary, "
-            "lower serving.gpus / tensor_parallel_size, or run 'llm-release down' when the "
-            "holders are gone",
+            "lower serving.gpus / tensor_parallel_size, lower gpu_memory_utilization so that "
+            f"servers share a GPU (theirs add up to at most {SHARE_CAP}), or run "
+            "'llm-release down' when the holders are gone",
         )
 
     if wanted == "all":
-        busy = [g for g in host if g in held]
+        busy = [g for g in host if not room(g)]
         if busy or not host:
-            raise refuse("serving.gpus 'all' needs every GPU of the host free", busy)
+            raise refuse(f"serving.gpus 'all' needs room for {share:g} on every GPU", busy)
         return list(host)
     if isinstance(wanted, list):
         unknown = [g for g in wanted if g not in host]
         if unknown:
             raise refuse(f"serving.gpus names GPU(s) {unknown} this host does not have", [])
-        busy = [g for g in wanted if g in held]
+        busy = [g for g in wanted if not room(g)]
         if busy:
             raise refuse(f"serving.gpus {wanted}: GPU(s) {busy} are held", busy)
         return sorted(wanted)
     count = tensor_parallel_size if wanted == "auto" else wanted
     if count > len(free):
         raise refuse(
-            f"{count} free GPU(s) needed (tensor_parallel_size {tensor_parallel_size}), "
-            f"{len(free)} free",
+            f"{count} GPU(s) with room for {share:g} of their memory needed "
+            f"(tensor_parallel_size {tensor_parallel_size}, gpu_memory_utilization {share:g}), "
+            f"{len(free)} have it",
             sorted(held),
         )
-    return free[:count]
+    return sorted(free[:count])
 
 
 def _claims(rows: list[GpuClaimRow]) -> list[Claim]:
@@ -181,7 +220,10 @@ def claim(
         return []
     with _locked() as ledger:
         ledger.claims = [c for c in ledger.claims if c.holder != holder and alive(c)]
-        chosen = choose(serving.gpus, serving.tp_size, host, ledger.held())
+        share = serving.gpu_memory_utilization
+        chosen = choose(
+            serving.gpus, serving.tp_size, host, ledger.held(), ledger.used(), share=share
+        )
         me = os.getpid()
         ledger.claims.append(
             Claim(
@@ -190,6 +232,7 @@ def claim(
                 backend=backend,
                 pid=me,
                 pid_started=processes.start_time(me),
+                share=share,
             )
         )
     return chosen

@@ -268,7 +268,7 @@ def test_gpu_choice_never_hands_out_a_held_gpu():
         gpus.choose("all", 1, host, {0: "stable"})
     with pytest.raises(ServeError, match=r"GPU\(s\) \[1\] are held"):
         gpus.choose([1], 1, host, {1: "canary"})
-    with pytest.raises(ServeError, match="2 free GPU"):
+    with pytest.raises(ServeError, match=r"2 GPU\(s\) with room .* 1 have it"):
         gpus.choose("auto", 2, host, {0: "a", 1: "a", 2: "b"})
     with pytest.raises(ServeError, match="does not have"):
         gpus.choose([7], 1, host, {})
@@ -314,6 +314,39 @@ def test_a_corrupt_gpu_ledger_is_rebuilt_and_a_corrupt_registry_refused(home):
     assert gpus.claim("stable", ServingConfig(), [0, 1], alive=lambda c: True) == [0]
     assert [c.holder for c in gpus.ledger().claims] == ["stable"]
     assert gpus.ledger_path().read_text() == "{not json"
+
+
+def test_servers_share_a_gpu_while_their_memory_shares_fit():
+    host = [0]
+    # at 0.9 a server has its GPU to itself, as before
+    with pytest.raises(ServeError, match="GPU 0: stable"):
+        gpus.choose("auto", 1, host, {0: "stable"}, {0: 0.9}, share=0.9)
+    # a third each: the stable release, its canary and a measured candidate on one GPU
+    assert gpus.choose("auto", 1, host, {0: "stable"}, {0: 0.3}, share=0.3) == [0]
+    assert gpus.choose("auto", 1, host, {0: "stable, canary"}, {0: 0.6}, share=0.3) == [0]
+    with pytest.raises(ServeError, match="GPU 0: stable, canary, candidate"):
+        gpus.choose("auto", 1, host, {0: "stable, canary, candidate"}, {0: 0.9}, share=0.3)
+    # wholly free GPUs first, then the least used
+    host = [0, 1, 2]
+    used = {0: 0.3, 1: 0.6}
+    held = {0: "a", 1: "b, c"}
+    assert gpus.choose("auto", 1, host, held, used, share=0.3) == [2]
+    assert gpus.choose("auto", 2, host, held, used, share=0.3) == [0, 2]
+    assert gpus.choose([1], 1, host, held, used, share=0.3) == [1]
+    with pytest.raises(ServeError, match=r"GPU\(s\) \[1\] are held"):
+        gpus.choose([1], 1, host, held, used, share=0.4)
+
+
+def test_the_ledger_records_each_claims_share(home):
+    third = ServingConfig(gpu_memory_utilization=0.3)
+    alive = lambda c: True  # noqa: E731
+    assert gpus.claim("stable", third, [0], alive=alive) == [0]
+    assert gpus.claim("canary", third, [0], alive=alive) == [0]
+    assert gpus.ledger().used() == {0: pytest.approx(0.6)}
+    with pytest.raises(ServeError, match="held by running servers: GPU 0: canary, stable"):
+        gpus.claim("candidate", ServingConfig(gpu_memory_utilization=0.5), [0], alive=alive)
+    assert gpus.claim("candidate", third, [0], alive=alive) == [0]
+    assert sorted(c.share for c in gpus.ledger().claims) == [0.3, 0.3, 0.3]
 
 
 def _labels(role: str, owner_pid: int, started: float | None = None) -> dict[str, str]:
