@@ -73,6 +73,10 @@ if [ ! -f /tmp/debroot/.done ]; then
   for b in prometheus promtool prometheus-alertmanager amtool; do
     ln -sf /tmp/debroot/usr/bin/$b /tmp/debbin/$b
   done
+  # Debian's Alertmanager reads its default notification template from a path compiled in
+  # (/usr/share/prometheus/alertmanager/default.tmpl): the 2026-12-04 run's promote stopped on
+  # it ("failed to parse templates"); one link, nothing else under /usr
+  [ -e /usr/share/prometheus ] || ln -s /tmp/debroot/usr/share/prometheus /usr/share/prometheus
   touch /tmp/debroot/.done
   log "debs: $(/tmp/debbin/haproxy -v | head -1); $(/tmp/debbin/prometheus --version 2>&1 | head -1)"
 fi
