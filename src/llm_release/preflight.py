@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import shutil
 import socket
+import tempfile
+from pathlib import Path
 
 from llm_release import paths
 from llm_release.canary import alertmanager, analysis, door, prometheus
 from llm_release.canary.promote import default_router_port, ensure_no_canary, router_for
 from llm_release.config import ReleaseConfig
-from llm_release.errors import ConfigError, MetricsError, RouterError, ServeError
+from llm_release.errors import AlertmanagerError, ConfigError, MetricsError, RouterError, ServeError
 from llm_release.evaluation.evalsets import validate_cached
 from llm_release.evaluation.evaluate import load_decoding
 from llm_release.hub import local_source
 from llm_release.quantization.quantize import load_calibration_texts
 from llm_release.registry import Release, load
 from llm_release.serving import processes
+from llm_release.serving.serve import free_port
 
 
 def check(config: ReleaseConfig) -> tuple[Release | None, str]:
@@ -84,7 +87,28 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
             f"the Alertmanager port {alerts.port} is taken by another program",
             hint=f"free it or set {alertmanager.PORT_ENV} to another port",
         )
+    if not alerts.running():
+        check_alertmanager_starts()
     return champion, service_name
+
+
+def check_alertmanager_starts() -> None:
+    """Alertmanager started once in a scratch folder, on a port of its own, and stopped: one
+    that cannot start here stops the release now, not at the promote stage after the
+    measurements (on the H200, Debian's package unpacked without apt missed the default
+    template compiled into it, and the release stopped after 14 minutes)."""
+    with tempfile.TemporaryDirectory(prefix="llm-release-alertmanager-") as scratch:
+        trial = alertmanager.Alertmanager(Path(scratch), port=free_port())
+        try:
+            trial.start()
+        except AlertmanagerError as exc:
+            raise AlertmanagerError(
+                f"Alertmanager cannot start on this host (tried before any work): {exc.message}",
+                hint="its log's tail above names the cause; 'make setup' installs Debian's "
+                "prometheus-alertmanager with every file it reads",
+            ) from None
+        finally:
+            trial.stop()
 
 
 def check_host_kv_cache(config: ReleaseConfig) -> None:

@@ -1,5 +1,7 @@
 """One service, one model name: checked before any work."""
 
+import os
+
 import pytest
 
 from llm_release import registry
@@ -81,3 +83,40 @@ def test_a_release_asking_fp8_kv_where_the_runtime_cannot_hold_it_stops_before_a
     with pytest.raises(ConfigError, match="lacks AVX-512 and AMX"):
         check_host_kv_cache(ReleaseConfig(source=source, serving=as_args))
     check_host_kv_cache(ReleaseConfig(source=source))
+
+
+def test_an_alertmanager_that_cannot_start_stops_the_release_before_any_work(tmp_path, monkeypatch):
+    """The real Alertmanager starts in a scratch folder and is stopped again; one that fails
+    as Debian's did unpacked without apt on the H200 (its compiled-in template missing) is
+    refused with its log's tail, before the measurements."""
+    import shutil
+
+    from llm_release.errors import AlertmanagerError
+    from llm_release.preflight import check_alertmanager_starts
+
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "home"))
+    real = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    assert real, "Alertmanager is not installed ('make setup' installs it)"
+    check_alertmanager_starts()  # the real one: started, ready, stopped
+    import psutil
+
+    trials = [
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if any("llm-release-alertmanager-" in a for a in p.info["cmdline"] or [])
+    ]
+    assert trials == []
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    fake = broken / "prometheus-alertmanager"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo 'err=\"failed to parse templates: open "
+        "/usr/share/prometheus/alertmanager/default.tmpl: no such file or directory\"'\n"
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{broken}:{os.environ['PATH']}")
+    with pytest.raises(AlertmanagerError, match="cannot start on this host") as caught:
+        check_alertmanager_starts()
+    assert "default.tmpl: no such file" in caught.value.message
