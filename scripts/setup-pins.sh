@@ -58,3 +58,24 @@ GPU_VLLM_LEAN_SKIP=(
   opentelemetry-semantic-conventions-ai mcp anthropic mistral-common
   lm-format-enforcer lark jsonschema ijson python-json-logger numba
 )
+
+# Requirement lines on stdin less the names given after the interpreter (markers evaluated for
+# that interpreter, no extra; the markers dropped from what is printed): how vLLM's requirements
+# are installed over a host torch (setup.sh) and resolved for one (wheelhouse.sh).
+requirements_less() {
+  local python=$1
+  shift
+  "$python" -c '
+import sys
+from pip._vendor.packaging.requirements import Requirement
+from pip._vendor.packaging.utils import canonicalize_name
+skip = {canonicalize_name(n) for n in sys.argv[1:]}
+for line in sys.stdin.read().splitlines():
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if canonicalize_name(req.name) not in skip:
+        req.marker = None
+        print(req)
+' "$@"
+}

@@ -372,22 +372,6 @@ if sys.argv[1] == "gpu" and not torch.cuda.is_available():
     sys.exit(f"torch {torch.__version__} (CUDA {torch.version.cuda}) in {sys.prefix} sees no GPU: is the NVIDIA driver new enough for CUDA {torch.version.cuda}?")
 print(f"torch {torch.__version__}, CUDA {torch.version.cuda}")
 '
-# A package's requirements from its installed metadata (markers evaluated here), less the
-# names given after it: how vLLM is installed over a host torch (see serving_venv).
-requirements_of='
-import sys
-from importlib.metadata import requires
-from pip._vendor.packaging.requirements import Requirement
-from pip._vendor.packaging.utils import canonicalize_name
-skip = {canonicalize_name(n) for n in sys.argv[2:]}
-for line in requires(sys.argv[1]) or []:
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    if canonicalize_name(req.name) not in skip:
-        req.marker = None
-        print(req)
-'
 pipeline_reqs=()
 [ "$runtime" = cpu ] || mapfile -t pipeline_reqs < <(pipeline_requirements "$PYTHON" no-torch)
 
@@ -443,7 +427,8 @@ serving_venv() {
       else
         skip=("${TORCH_FAMILY[@]}")
         [ "$vllm_deps" = full ] || skip+=("${GPU_VLLM_LEAN_SKIP[@]}")
-        mapfile -t vllm_reqs < <(.venv-vllm/bin/python -c "$requirements_of" "${GPU_VLLM%%[=<>]*}" "${skip[@]}")
+        mapfile -t vllm_reqs < <(.venv-vllm/bin/python -c 'import sys; from importlib.metadata import requires; print("\n".join(requires(sys.argv[1]) or []))' "${GPU_VLLM%%[=<>]*}" |
+          requirements_less .venv-vllm/bin/python "${skip[@]}")
         [ ${#vllm_reqs[@]} -gt 0 ] || { echo "no requirements read from the metadata of ${GPU_VLLM%%[=<>]*}"; exit 1; }
         run .venv-vllm/bin/pip install -q "${SRC[@]}" -c .venv-vllm/llm-release-host-torch.txt "${vllm_reqs[@]}"
       fi

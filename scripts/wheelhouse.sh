@@ -192,21 +192,8 @@ PY
       resolve vllm --no-deps "$GPU_VLLM"
       skip=("${TORCH_FAMILY[@]}")
       [ "$vllm_deps" = full ] || skip+=("${GPU_VLLM_LEAN_SKIP[@]}")
-      mapfile -t vllm_reqs < <("$sim/bin/python" - "$scratch/vllm.json" "${skip[@]}" <<'PY'
-import json, sys
-from pip._vendor.packaging.requirements import Requirement
-from pip._vendor.packaging.utils import canonicalize_name
-skip = {canonicalize_name(n) for n in sys.argv[2:]}
-(item,) = json.load(open(sys.argv[1]))["install"]
-for line in item["metadata"].get("requires_dist", []):
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue
-    if canonicalize_name(req.name) not in skip:
-        req.marker = None
-        print(req)
-PY
-      )
+      mapfile -t vllm_reqs < <("$sim/bin/python" -c 'import json, sys; (item,) = json.load(open(sys.argv[1]))["install"]; print("\n".join(item["metadata"].get("requires_dist", [])))' "$scratch/vllm.json" |
+        requirements_less "$sim/bin/python" "${skip[@]}")
       resolve serving "${vllm_reqs[@]}"
     else
       "$PYTHON" -m pip wheel -q --no-deps -w "$dest" "${SDIST_ONLY[@]}" 2>&1 | pip_quiet

@@ -16,7 +16,9 @@ uncompressed so that the carry's xz sees the zeroed kernels. Not a release for o
 from __future__ import annotations
 
 import base64
+import csv
 import hashlib
+import io
 import subprocess
 import sys
 import tempfile
@@ -71,9 +73,11 @@ def main() -> None:
                 zi = zipfile.ZipInfo(path, date_time=info.date_time)
                 zi.external_attr = info.external_attr
                 dst.writestr(zi, data)
-                records.append(f"{path},{record_hash(data)},{len(data)}")
-            records.append(f"{new_info}RECORD,,")
-            dst.writestr(new_info + "RECORD", "\n".join(records) + "\n")
+                records.append((path, record_hash(data), str(len(data))))
+            records.append((f"{new_info}RECORD", "", ""))
+            text = io.StringIO()
+            csv.writer(text, lineterminator="\n").writerows(records)  # names hold commas
+            dst.writestr(new_info + "RECORD", text.getvalue())
     print(f"{out} ({out.stat().st_size / 2**20:.0f} MiB, stored) from {wheel.name}")
 
 
