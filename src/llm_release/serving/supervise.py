@@ -174,6 +174,9 @@ class SupervisorState(BaseModel):
     release_id: str
     state: State
     supervisor_pid: int
+    # The supervisor's start time: its pid alone is no identity once it is gone (older
+    # files have none: then its command line must name its spec file).
+    supervisor_started: float | None = None
     server_pid: int = 0
     server_started: float | None = None
     restarts: int = 0
@@ -288,7 +291,10 @@ class ProcessTree:
         self.stopping = threading.Event()
         self.process: subprocess.Popen | None = None
         self.status = SupervisorState(
-            release_id=spec.release_id, state="starting", supervisor_pid=os.getpid()
+            release_id=spec.release_id,
+            state="starting",
+            supervisor_pid=os.getpid(),
+            supervisor_started=processes.start_time(os.getpid()),
         )
         self.registry = CollectorRegistry()
         labels = ["service", "release", "role"]
@@ -538,11 +544,33 @@ def crash_looping(log_path: str | Path) -> str | None:
     return state.reason or "crash-looping"
 
 
+def supervisor_running(log_path: str | Path, state: SupervisorState) -> bool:
+    """The supervisor that wrote ``state`` still runs (same pid and start time; for an
+    older file without one, a command line naming its spec file): a reused pid is not it."""
+    return processes.is_same(
+        state.supervisor_pid, state.supervisor_started, cmdline_has=str(spec_path(log_path))
+    )
+
+
+# The states a supervisor writes while it runs: once it is gone, they are stale.
+WHILE_RUNNING: frozenset[str] = frozenset({"starting", "running", "backoff", "crash-looping"})
+GONE = "supervisor gone"
+
+
 def summary(log_path: str | Path) -> dict | None:
-    """The supervisor's state, restarts and reason, for 'canary status'."""
+    """The supervisor's state, restarts and reason, for 'canary status'. A supervisor
+    killed (or lost with a reboot) restarts nothing: its last words ('backoff', 'restart in
+    2 s') are not repeated as if it still ran; the state says it is gone instead."""
     state = read_state(log_path)
     if state is None:
         return None
+    if state.state in WHILE_RUNNING and not supervisor_running(log_path, state):
+        return {
+            "state": GONE,
+            "restarts": state.restarts,
+            "reason": f"supervisor not running (pid {state.supervisor_pid} gone): "
+            "'llm-release up' starts it again",
+        }
     return json.loads(state.model_dump_json(include={"state", "restarts", "reason"}))
 
 
