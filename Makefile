@@ -132,7 +132,7 @@ demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
 	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl -H \"Authorization: Bearer \$$(cat $(LLM_RELEASE_HOME)/router/client.key)\" http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
 	echo "Prometheus: http://127.0.0.1:$(PROMETHEUS_PORT)  (data: $(LLM_RELEASE_HOME)/prometheus)"; \
-	echo "Alertmanager: http://127.0.0.1:$(ALERTMANAGER_PORT)  (alerts to NOTIFY_WEBHOOK of make prefect-up)"; \
+	echo "Alertmanager: http://127.0.0.1:$(ALERTMANAGER_PORT)  (alerts to NOTIFY_WEBHOOK of make prefect-up; basic auth: user llm-release, password in $(LLM_RELEASE_HOME)/alertmanager/password)"; \
 	$(CLI) canary status
 
 status:

@@ -430,13 +430,13 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     # delivery to a webhook, once, is tests/integration/test_alert_delivery.py's).
     from llm_release.canary import alertmanager
 
+    # (its API asks for the project's credentials: basic auth, alertmanager_auth.py)
+    am = alertmanager.for_home()
     received = []
     for _ in range(30):
         received = [
             a
-            for a in requests.get(
-                f"http://{alertmanager.for_home().address}/api/v2/alerts", timeout=10
-            ).json()
+            for a in requests.get(f"{am.url}/api/v2/alerts", auth=am.http_auth(), timeout=10).json()
             if a["labels"]["alertname"] == "LLMReleaseServerRestarted"
             and a["labels"].get("release") == healthy_id
         ]

@@ -1,7 +1,8 @@
 """The project's alert rules, through a real Prometheus and a real Alertmanager, reach a
 recording webhook on 127.0.0.1: a rule that fires pages once, with its labels; a warning of
 the same service that follows is inhibited and pages nobody; a config amtool refuses never
-reaches the running Alertmanager; 'down' stops it. The 'vLLM server' is an exporter the
+reaches the running Alertmanager; Prometheus sends with Alertmanager's basic auth (nobody
+gets in without it); 'down' stops it. The 'vLLM server' is an exporter the
 test serves (every request it finishes aborts), so the rule's input is the test's to set."""
 
 import json
@@ -190,7 +191,9 @@ def test_a_firing_rule_pages_once_with_its_labels_and_down_stops_alertmanager(
     waiting.set(25)
 
     def queue_alert():
-        listed = requests.get(f"{alerts.url}/api/v2/alerts", timeout=5).json()
+        listed = requests.get(
+            f"{alerts.url}/api/v2/alerts", auth=alerts.http_auth(), timeout=5
+        ).json()
         return next((a for a in listed if a["labels"]["alertname"] == "LLMReleaseQueueHigh"), None)
 
     queue = wait_for("the queue alert at Alertmanager", queue_alert, FIRST_PAGE_WITHIN_S)
@@ -203,12 +206,17 @@ def test_a_firing_rule_pages_once_with_its_labels_and_down_stops_alertmanager(
     with pytest.raises(AlertmanagerError, match="amtool rejected"):
         alerts.install_config("route:\n  receiver: nobody\nreceivers: []\n")
     assert alerts.config_path.read_text() == before
-    assert requests.get(f"{alerts.url}/-/ready", timeout=5).status_code == 200
+    assert requests.get(f"{alerts.url}/-/ready", auth=alerts.http_auth(), timeout=5).ok
+    # Prometheus paged through it with the credentials; nobody gets in without them.
+    assert requests.get(f"{alerts.url}/api/v2/status", timeout=5).status_code == 401
 
     assert promote.status()["alertmanager"] == {
         "url": alerts.url,
         "running": True,
         "notifies": "127.0.0.1",
+        "user": "llm-release",
+        "password_file": str(alerts.credentials.password_path),
+        "amtool": ["amtool", *alerts.amtool_args()],
     }
     pid = alerts.pid()
     # Found by its command line too, should the records be lost.

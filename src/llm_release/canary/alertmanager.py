@@ -17,7 +17,10 @@ The files holding the URL are written 0600 (it often carries the chat tool's tok
 
 It listens on 127.0.0.1 only, with clustering off (Alertmanager's default gossips on
 0.0.0.0:9094), and never uses Debian's system service or its files ('make setup' disables
-that service).
+that service). Loopback is open to every local user, so its API asks for basic auth
+(``alertmanager_auth.py``): the user ``llm-release`` and a password made once in
+``<home>/alertmanager/password`` (0600), which Prometheus, amtool (``amtool.yml`` beside it)
+and this module send; anyone else gets 401.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths
+from llm_release.canary.alertmanager_auth import Credentials
 from llm_release.canary.alerts import STABLE_DOWN
 from llm_release.canary.daemon import Daemon
 from llm_release.errors import AlertmanagerError, ConfigError
@@ -158,6 +162,7 @@ class Alertmanager(Daemon):
         self.log_path = self.directory / "alertmanager.log"
         self.data_dir = self.directory / "data"
         self.webhook_path = self.directory / WEBHOOK_FILE
+        self.credentials = Credentials(self.directory)
         self.routing = routing or Routing()
         if port is None:
             port = processes.read_int(self.port_path) if self.running() else None
@@ -166,6 +171,22 @@ class Alertmanager(Daemon):
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def http_auth(self) -> tuple[str, str]:
+        """What its API asks for: every project call sends it (see alertmanager_auth)."""
+        return self.credentials.auth
+
+    def amtool_args(self) -> list[str]:
+        """amtool's flags to reach it: its URL and the HTTP config with the credentials."""
+        return self.credentials.amtool_args(self.url)
+
+    def locked(self) -> bool:
+        """It runs with the project's web config (an instance started by an older version
+        runs open: ``ensure_running`` restarts it)."""
+        pid = self.pid()
+        return pid is not None and processes.is_same(
+            pid, None, cmdline_has=f"--web.config.file={self.credentials.web_config_path}"
+        )
 
     # -- the receiver --------------------------------------------------------------------
     def webhook_url(self) -> str | None:
@@ -223,7 +244,7 @@ class Alertmanager(Daemon):
     def reload(self) -> None:
         """Re-read the config (POST /-/reload answers once it has, or why it could not)."""
         try:
-            reply = requests.post(f"{self.url}/-/reload", timeout=15)
+            reply = requests.post(f"{self.url}/-/reload", auth=self.http_auth(), timeout=15)
         except requests.RequestException as exc:
             raise AlertmanagerError(
                 f"Alertmanager at {self.url} did not answer: {type(exc).__name__}"
@@ -236,10 +257,16 @@ class Alertmanager(Daemon):
 
     # -- process -------------------------------------------------------------------------
     def ensure_running(self) -> Alertmanager:
-        """Start it, or give the running one the config of the current settings."""
+        """Start it, or give the running one the config of the current settings. One running
+        without the project's credentials (started by an older version) is restarted with
+        them; its silences and notification log stay in its data dir."""
+        if self.running() and not self.locked():
+            self.stop()
         if not self.running():
             self.start()
-        elif self.config_path.read_text() != self.render():
+            return self
+        self.credentials.ensure()  # a password file deleted meanwhile: made again, its hash taken
+        if self.config_path.read_text() != self.render():
             self.install_config(self.render())
         return self
 
@@ -251,6 +278,7 @@ class Alertmanager(Daemon):
                 hint="run 'make setup' (it runs apt-get install -y prometheus-alertmanager)",
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.credentials.ensure()
         self.install_config(self.render())
         command = [
             binary,
@@ -258,6 +286,8 @@ class Alertmanager(Daemon):
             f"--storage.path={self.data_dir}",
             f"--web.listen-address={self.address}",
             f"--web.external-url={self.url}",
+            # Basic auth on every path (exporter-toolkit's web config; 401 without it).
+            f"--web.config.file={self.credentials.web_config_path}",
             "--cluster.listen-address=",  # no gossip on 0.0.0.0:9094: one instance
         ]
         self.spawn(command, timeout_s)

@@ -1,8 +1,9 @@
 """A server of the Prometheus family the project runs on loopback (Prometheus,
 Alertmanager): its own session, so it outlives the process that started it and ``down``
 stops its whole group; its pid and port in files under its directory; ready when
-``GET /-/ready`` answers 200. Subclasses say how to build the command line and what a
-failed start's log means."""
+``GET /-/ready`` answers 200 (with the credentials ``http_auth`` gives, for a server that
+asks for them). Subclasses say how to build the command line and what a failed start's log
+means."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ class Daemon:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def http_auth(self) -> tuple[str, str] | None:
+        """The user and password its HTTP API asks for (None: it asks for none)."""
+        return None
 
     def pid(self) -> int | None:
         return processes.pid_from_file(self.pid_path, f"--config.file={self.config_path}")
@@ -89,12 +94,13 @@ class Daemon:
             )
         atomic_write_text(self.pid_path, f"{proc.pid}\n")
         atomic_write_text(self.port_path, f"{self.port}\n")
+        auth = self.http_auth()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 break
             try:
-                if requests.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
+                if requests.get(f"{self.url}/-/ready", auth=auth, timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 pass

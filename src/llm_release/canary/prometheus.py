@@ -29,6 +29,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_release import paths
+from llm_release.canary import alertmanager_auth
 from llm_release.canary.daemon import Daemon
 from llm_release.canary.router import BACKEND
 from llm_release.errors import MetricsError
@@ -67,8 +68,15 @@ def _duration(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
-def render_config(directory: Path, scrape_interval_s: float = SCRAPE_INTERVAL_S) -> str:
+def render_config(
+    directory: Path,
+    scrape_interval_s: float = SCRAPE_INTERVAL_S,
+    alertmanager_dir: Path | None = None,
+) -> str:
+    """Prometheus' config; its alerts go to the Alertmanager whose files live under
+    ``alertmanager_dir`` (the project's own by default) with that one's credentials."""
     directory = Path(directory)
+    alertmanager_dir = alertmanager_dir or paths.alertmanager_dir()
     interval = _duration(scrape_interval_s)
     config = {
         "global": {
@@ -78,10 +86,18 @@ def render_config(directory: Path, scrape_interval_s: float = SCRAPE_INTERVAL_S)
         },
         "rule_files": [str(directory / "rules" / "*.yml")],
         # Firing alerts go to the project's Alertmanager; its address is a file_sd file, so
-        # an Alertmanager started on another port is followed without a reload.
+        # an Alertmanager started on another port is followed without a reload. It asks for
+        # basic auth: the password is read from its file at each send.
         "alerting": {
             "alertmanagers": [
-                {"file_sd_configs": [{"files": [str(directory / "targets" / ALERTMANAGER_FILE)]}]}
+                {
+                    "basic_auth": alertmanager_auth.basic_auth(
+                        alertmanager_auth.password_path(alertmanager_dir)
+                    ),
+                    "file_sd_configs": [
+                        {"files": [str(directory / "targets" / ALERTMANAGER_FILE)]}
+                    ],
+                }
             ]
         },
         "scrape_configs": [
@@ -314,7 +330,7 @@ class Prometheus(Daemon):
         for name in ("vllm.json", "haproxy.json", ALERTMANAGER_FILE):
             if not (self.targets_dir / name).exists():
                 atomic_write_text(self.targets_dir / name, "[]\n")
-        atomic_write_text(self.config_path, render_config(self.directory, self.scrape_interval_s))
+        atomic_write_text(self.config_path, self.render())
         command = [
             binary,
             f"--config.file={self.config_path}",
@@ -330,9 +346,17 @@ class Prometheus(Daemon):
             return f"another Prometheus uses {self.data_dir}; stop it ('llm-release down')"
         return None
 
+    def render(self) -> str:
+        return render_config(self.directory, self.scrape_interval_s)
+
     def ensure_running(self) -> Prometheus:
+        """Start it, or give the running one the config of this version (one started by
+        an older version sent alerts to Alertmanager without its credentials)."""
         if not self.running():
             self.start()
+        elif self.config_path.read_text() != self.render():
+            atomic_write_text(self.config_path, self.render())
+            self.reload()
         return self
 
     def _reload_state(self) -> tuple[float, float]:

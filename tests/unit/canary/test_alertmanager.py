@@ -120,3 +120,59 @@ def test_the_port_setting(monkeypatch):
     assert alertmanager.default_port() == 0
     monkeypatch.setenv(alertmanager.PORT_ENV, "9193")
     assert alertmanager.default_port() == 9193
+
+
+def test_the_credentials_are_made_once_owner_only_and_hashed_for_alertmanager(tmp_path):
+    import bcrypt
+
+    from llm_release.canary.alertmanager_auth import USERNAME, Credentials
+
+    creds = Credentials(tmp_path / "alertmanager")
+    creds.ensure()
+    password = creds.password_path.read_text().strip()
+    assert len(password) >= 32 and creds.auth == (USERNAME, password)
+    for path in (creds.password_path, creds.web_config_path, creds.amtool_config_path):
+        assert path.stat().st_mode & 0o077 == 0, path
+    # Alertmanager's web config holds the bcrypt hash, never the password.
+    web = creds.web_config_path.read_text()
+    assert password not in web
+    hashed = yaml.safe_load(web)["basic_auth_users"][USERNAME]
+    assert hashed.startswith("$2") and bcrypt.checkpw(password.encode(), hashed.encode())
+    # amtool's HTTP config names the password file (never the password).
+    assert yaml.safe_load(creds.amtool_config_path.read_text()) == {
+        "basic_auth": {"username": USERNAME, "password_file": str(creds.password_path)}
+    }
+    # Made once: the next start keeps the password and its hash.
+    Credentials(creds.directory).ensure()
+    assert creds.password() == password and creds.web_config_path.read_text() == web
+    # A password made anew (the file deleted) gets a new hash.
+    creds.password_path.unlink()
+    creds.ensure()
+    assert creds.password() != password
+    assert bcrypt.checkpw(
+        creds.password().encode(),
+        yaml.safe_load(creds.web_config_path.read_text())["basic_auth_users"][USERNAME].encode(),
+    )
+
+
+def test_a_password_file_others_can_read_or_an_empty_one_is_refused(tmp_path):
+    from llm_release.canary.alertmanager_auth import Credentials
+
+    creds = Credentials(tmp_path)
+    creds.password()
+    creds.password_path.chmod(0o644)
+    with pytest.raises(ConfigError, match="open to its group or other users"):
+        creds.password()
+    creds.password_path.chmod(0o600)
+    creds.password_path.write_text("\n")
+    with pytest.raises(ConfigError, match="holds no password") as caught:
+        creds.ensure()
+    assert "delete" in caught.value.hint
+
+
+def test_amtool_args_name_the_url_and_the_http_config(tmp_path):
+    server = Alertmanager(tmp_path, port=19093)
+    assert server.amtool_args() == [
+        "--alertmanager.url=http://127.0.0.1:19093",
+        f"--http.config.file={tmp_path / 'amtool.yml'}",
+    ]

@@ -82,7 +82,7 @@ def test_the_config_passes_promtool(tmp_path):
     state = RegistryState(stable=release("baseline", 8001), canary=release("fp8", 8002))
     prometheus.write_targets(state, 9101)
     prometheus.write_alertmanagers(["127.0.0.1:9093"])
-    prometheus.config_path.write_text(render_config(tmp_path, 5))
+    prometheus.config_path.write_text(render_config(tmp_path, 5, tmp_path / "alertmanager"))
     check = subprocess.run(
         ["promtool", "check", "config", str(prometheus.config_path)], capture_output=True, text=True
     )
@@ -94,11 +94,16 @@ def test_the_config_passes_promtool(tmp_path):
         "haproxy",
         "supervisor",
     ]
-    # Firing alerts go to the Alertmanager named in a file_sd file (followed without reload).
+    # Firing alerts go to the Alertmanager named in a file_sd file (followed without reload),
+    # with its user and password file (read at each send; never the password itself).
     [alerting] = config["alerting"]["alertmanagers"]
     assert alerting["file_sd_configs"] == [
         {"files": [str(prometheus.targets_dir / "alertmanager.json")]}
     ]
+    assert alerting["basic_auth"] == {
+        "username": "llm-release",
+        "password_file": str(tmp_path / "alertmanager" / "password"),
+    }
     assert json.loads((prometheus.targets_dir / "alertmanager.json").read_text()) == [
         {"targets": ["127.0.0.1:9093"]}
     ]

@@ -1,0 +1,119 @@
+"""The basic auth that closes the project's Alertmanager to other local users.
+
+Alertmanager listens on 127.0.0.1, which every user of the host reaches: open, its
+``/api/v2/status`` shows the config with the webhook URL (and the token it often carries),
+and anyone may silence every alert. So it is started with ``--web.config.file`` (the
+Prometheus exporter-toolkit's web config, which Alertmanager 0.25 reads): ``basic_auth_users``
+with one user, ``llm-release``, and the bcrypt hash of a password the project makes once, at
+random, in a 0600 file beside it (``<home>/alertmanager/password``). Without that user and
+password every path answers 401, ``/-/ready`` and the UI included.
+
+Every caller of the project uses that one file: Prometheus (``alerting.alertmanagers[]
+.basic_auth.password_file``, read at each send), amtool (``--http.config.file`` names
+``amtool.yml``, an HTTP client config pointing at the same file) and the project's own HTTP
+calls (``Credentials.auth``). Alertmanager re-reads its web config at each request, so a
+password made anew (the file deleted) is taken at the next start or ``ensure()`` with no
+restart.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+import bcrypt
+import yaml
+
+from llm_release.canary.door import private_file
+from llm_release.errors import ConfigError
+from llm_release.fileio import atomic_write_text
+
+USERNAME = "llm-release"
+PASSWORD_FILE = "password"
+WEB_CONFIG_FILE = "web.yml"
+AMTOOL_CONFIG_FILE = "amtool.yml"
+# What secrets.token_urlsafe writes; a file holding anything else was not made here.
+PASSWORD_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,}")
+
+
+class Credentials:
+    """The user and password of the Alertmanager whose files live under ``directory``."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.password_path = self.directory / PASSWORD_FILE
+        self.web_config_path = self.directory / WEB_CONFIG_FILE
+        self.amtool_config_path = self.directory / AMTOOL_CONFIG_FILE
+
+    def password(self) -> str:
+        """The password, made (0600, whatever the umask) the first time it is asked for; an
+        existing file must be this user's and closed to others (``door.private_file``)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.password_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            private_file(
+                self.password_path, "Alertmanager's password file", "a file only its owner reads"
+            )
+            password = self.password_path.read_text("utf-8").strip()
+            if not PASSWORD_PATTERN.fullmatch(password):
+                raise ConfigError(
+                    f"Alertmanager's password file {self.password_path} holds no password",
+                    hint=f"delete {self.password_path}: the next start makes a new one",
+                ) from None
+            return password
+        password = secrets.token_urlsafe(32)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(password + "\n")
+        return password
+
+    @property
+    def auth(self) -> tuple[str, str]:
+        """``requests``' ``auth=``: the user and the password."""
+        return USERNAME, self.password()
+
+    def ensure(self) -> None:
+        """The password, Alertmanager's web config holding its bcrypt hash, and amtool's
+        HTTP config naming the password file: each written (0600) when missing or stale."""
+        password = self.password()
+        if not self._web_config_matches(password):
+            hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt()).decode()
+            atomic_write_text(self.web_config_path, render_web_config(hashed))  # 0600
+        amtool = render_http_config(self.password_path)
+        if not self.amtool_config_path.exists() or self.amtool_config_path.read_text() != amtool:
+            atomic_write_text(self.amtool_config_path, amtool)
+
+    def _web_config_matches(self, password: str) -> bool:
+        try:
+            users = yaml.safe_load(self.web_config_path.read_text())["basic_auth_users"]
+            hashed = users[USERNAME]
+            return set(users) == {USERNAME} and bcrypt.checkpw(password.encode(), hashed.encode())
+        except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError):
+            return False
+
+    def amtool_args(self, url: str) -> list[str]:
+        """amtool's flags for this Alertmanager at ``url``."""
+        return [f"--alertmanager.url={url}", f"--http.config.file={self.amtool_config_path}"]
+
+
+def render_web_config(password_hash: str) -> str:
+    """Alertmanager's ``--web.config.file``: one user, its bcrypt hash."""
+    return yaml.safe_dump({"basic_auth_users": {USERNAME: password_hash}}, sort_keys=False)
+
+
+def basic_auth(password_path: Path) -> dict[str, str]:
+    """An HTTP client config's ``basic_auth`` (Prometheus', amtool's): the user, and the
+    password read from ``password_path`` at each request."""
+    return {"username": USERNAME, "password_file": str(password_path)}
+
+
+def render_http_config(password_path: Path) -> str:
+    """amtool's ``--http.config.file``."""
+    return yaml.safe_dump({"basic_auth": basic_auth(password_path)}, sort_keys=False)
+
+
+def password_path(directory: Path) -> Path:
+    """The password file of the Alertmanager whose files live under ``directory``."""
+    return Path(directory) / PASSWORD_FILE
