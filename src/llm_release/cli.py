@@ -227,14 +227,34 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from llm_release.canary.promote import up
+    from llm_release.canary.promote import down_mark, up
 
-    state, started = up()
+    if args.unattended and down_mark().exists():
+        print("started: nothing ('llm-release down' stopped this home; 'llm-release up' starts it)")
+        return 0
+    state, started = up(unattended=args.unattended)
+    if state.stable is None and state.canary is None:
+        print("started: nothing (the release record has no release yet)")
+        return 0
     print("started: " + (", ".join(started) if started else "nothing (every release was up)"))
     print(
         f"load balancer: http://127.0.0.1:{state.router_port} (canary weight "
         f"{state.canary_weight if state.canary else 0}%)"
     )
+    return 0
+
+
+def cmd_systemd(args: argparse.Namespace) -> int:
+    from llm_release import systemd_units
+
+    units = systemd_units.render(paths.project_root(), paths.home(), user=args.user, name=args.name)
+    directory = (args.output or systemd_units.default_dir(args.user)).absolute()
+    for path in systemd_units.write(units, directory):
+        print(f"wrote {path}")
+    print("to install them (the servers of this home then come back at boot, and within")
+    print(f"{systemd_units.EVERY_S} s of a supervisor's death), run:")
+    for line in systemd_units.commands(units, directory, user=args.user):
+        print(f"  {line}")
     return 0
 
 
@@ -796,7 +816,32 @@ def build_parser() -> argparse.ArgumentParser:
         "model and serving settings, healthy before the load balancer sends it traffic; the "
         "canary keeps its weight. Releases still serving are left alone.",
     )
+    up.add_argument(
+        "--unattended",
+        action="store_true",
+        help="as the systemd units run it: nothing after 'llm-release down' (until a plain "
+        "'up' or a deploy), no error without releases, a crash-looping release left alone",
+    )
     up.set_defaults(func=cmd_up)
+
+    units = sub.add_parser(
+        "systemd",
+        help="write systemd units that run 'up' at boot and every 30 s (a dead supervisor "
+        "restarted)",
+        description="Write NAME-up.service (oneshot: 'llm-release up --unattended' in this "
+        "project with this LLM_RELEASE_HOME, at boot) and NAME-up.timer (runs it again 30 s "
+        "after each run), and print the systemctl lines to install them; systemctl is never "
+        "run here.",
+    )
+    units.add_argument("--user", action="store_true", help="user units (systemctl --user)")
+    units.add_argument(
+        "--output",
+        type=Path,
+        help="the folder to write them to (default: ~/.config/systemd/user with --user, "
+        "else /etc/systemd/system)",
+    )
+    units.add_argument("--name", default="llm-release", help="the units' name prefix")
+    units.set_defaults(func=cmd_systemd)
 
     hist = sub.add_parser(
         "history",

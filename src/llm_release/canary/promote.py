@@ -22,6 +22,7 @@ from llm_release.canary import alertmanager, alertmanager_auth, prometheus
 from llm_release.canary.publish import origin_of
 from llm_release.canary.router import Router, SlotTarget
 from llm_release.errors import ConfigError, ReleaseError, RouterError, StateError
+from llm_release.fileio import atomic_write_text
 from llm_release.registry import RegistryState, Release
 from llm_release.results import DeployTarget
 from llm_release.serving import backends, processes
@@ -170,6 +171,7 @@ def deploy(
     router_port: int | None = None,
 ) -> RegistryState:
     """Make sure a stable release serves, add the canary at ``canary_weight`` percent."""
+    down_mark().unlink(missing_ok=True)  # serving again: the units bring it back again
     with registry.locked() as state:
         if state.canary is not None and release_alive(state.canary):
             raise StateError(
@@ -487,6 +489,8 @@ def down(problems: list[str] | None = None) -> list[str]:
     """
     stopped = []
     error: ReleaseError | None = None
+    if paths.home().is_dir():  # the systemd units' 'up --unattended' leaves it down
+        atomic_write_text(down_mark(), "stopped by 'llm-release down'\n")
     try:
         state = registry.load()
     except StateError as exc:
@@ -529,12 +533,29 @@ def crash_looping(release: Release) -> str | None:
     return backends.crash_looping(release)
 
 
-def up() -> tuple[RegistryState, list[str]]:
+def down_mark() -> Path:
+    """Written by 'llm-release down', removed by a plain 'llm-release up': while it is
+    there, the systemd units' 'up --unattended' starts nothing (what an operator stopped
+    stays stopped, across a reboot too)."""
+    return paths.home() / "down.mark"
+
+
+def up(*, unattended: bool = False) -> tuple[RegistryState, list[str]]:
     """Bring every release in the record back (after a reboot, or a 'down'): each server
     not alive is started again on the record's model and settings, healthy before the
-    router points at it; the canary keeps its weight. Returns the state and what started."""
+    router points at it; the canary keeps its weight. Returns the state and what started.
+
+    ``unattended`` (the systemd units' boot and every-30-s run): nothing at all after
+    'llm-release down' (``down_mark``), no error for a record with no release, and a
+    release whose server crash-loops is left to an operator (a plain 'up' restarts it)."""
+    if unattended and down_mark().exists():
+        return registry.load(), []
+    if not unattended:
+        down_mark().unlink(missing_ok=True)
     with registry.locked() as state:
         if state.stable is None and state.canary is None:
+            if unattended:
+                return state, []
             raise StateError(
                 "the release record has no release to bring back",
                 hint="run a release first ('make demo' or the release flow)",
@@ -545,6 +566,8 @@ def up() -> tuple[RegistryState, list[str]]:
             for role in ("stable", "canary"):
                 release = getattr(state, role)
                 if release is None or release_alive(release):
+                    continue
+                if unattended and crash_looping(release):
                     continue
                 stop_release(release)  # what is left: a supervisor that gave up, a container
                 release = _restart(release, role)
