@@ -262,3 +262,26 @@ def test_up_brings_the_recorded_releases_back_behind_the_router_with_their_weigh
     assert registry.load().history[-1]["event"] == "up"
     # Everything serves: a second 'up' starts nothing.
     assert promote.up()[1] == []
+
+    # Its supervisor killed (its vLLM left running, unsupervised): the status says so, not
+    # its stale figures, and the units' 'up --unattended' starts it again, the other
+    # release left alone; after 'down' the units start nothing.
+    from llm_release.serving.supervise import GONE
+
+    supervisor, server_group = state.stable.pid, read_state(state.stable.log_path).server_pid
+    os.kill(supervisor, signal.SIGKILL)
+    until(lambda: not processes.is_alive(supervisor), 10, "the supervisor dead")
+    rows = {r["role"]: r for r in promote.status()["releases"]}
+    assert rows["stable"]["server"]["state"] == GONE, rows["stable"]
+    assert f"pid {supervisor} gone" in rows["stable"]["server"]["reason"]
+    assert rows["canary"]["server"]["state"] == "running"
+    canary_pid = state.canary.pid
+    again, started = promote.up(unattended=True)
+    assert [s.split(" ")[0] for s in started] == [first.stable.release_id]
+    assert again.stable.pid != supervisor and again.canary.pid == canary_pid
+    assert not processes.is_alive(server_group), "the orphaned server was stopped"
+    until(lambda: served() == 200, 20, "served through the router after the unattended up")
+    assert promote.up(unattended=True)[1] == []
+    promote.down()
+    assert promote.up(unattended=True)[1] == []
+    assert not promote.release_alive(registry.load().stable)
