@@ -160,13 +160,20 @@ def default_dir(user: bool) -> Path:
 
 
 def write(units: Units, directory: Path) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for file_name, text in units.files.items():
-        path = directory / file_name
-        path.write_text(text)
-        path.chmod(0o644)
-        written.append(path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for file_name, text in units.files.items():
+            path = directory / file_name
+            path.write_text(text)
+            path.chmod(0o644)
+            written.append(path)
+    except OSError as exc:  # not allowed, a read-only file system, a path under /proc
+        raise ConfigError(
+            f"cannot write the units to {directory}: {exc.strerror}",
+            hint="run it with sudo for system units, or pass --user (user units) or "
+            "--output DIR (then copy them as printed)",
+        ) from exc
     return written
 
 

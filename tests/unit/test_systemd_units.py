@@ -120,3 +120,10 @@ def test_a_newline_in_the_home_is_one_error_line_from_the_command(tmp_path, monk
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_it_cannot_write_is_one_error_line(tmp_path, capsys):
+    # /proc takes no new folder, root or not (as /etc/systemd/system refuses a plain user).
+    assert main(["systemd", "--output", "/proc/llm-release-units"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the units to /proc/llm-release-units" in err and err.count("\n") == 1
