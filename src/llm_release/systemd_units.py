@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import getpass
 import re
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -184,8 +185,8 @@ def commands(units: Units, directory: Path, *, user: bool) -> list[str]:
     lines = []
     if directory.resolve() != default_dir(user).resolve():
         target = default_dir(user)
-        names = " ".join(str(directory / f) for f in units.files)
-        lines.append(f"{sudo}cp {names} {target}/")
+        names = " ".join(shlex.quote(str(directory / f)) for f in units.files)
+        lines.append(f"{sudo}cp {names} {shlex.quote(str(target))}/")
     # The service at every boot; the timer now (its first run within seconds, then every
     # EVERY_S after each run ends): 'enable --now' of the service would wait for 'up'.
     lines += [

@@ -103,13 +103,15 @@ def test_a_unit_name_that_is_not_plain_is_refused(tmp_path):
 def test_the_command_writes_the_units_and_prints_what_to_run(tmp_path, monkeypatch, capsys):
     home = tmp_path / "home with space"
     monkeypatch.setenv("LLM_RELEASE_HOME", str(home))
-    out = tmp_path / "out"
+    out = tmp_path / "my units"
     assert main(["systemd", "--user", "--output", str(out), "--name", "llmr"]) == 0
     printed = capsys.readouterr().out
     service, timer = out / "llmr-up.service", out / "llmr-up.timer"
     assert f"wrote {service}" in printed and f"wrote {timer}" in printed
     assert "systemctl --user enable --now llmr-up.timer" in printed
     assert "systemctl --user enable llmr-up.service" in printed
+    # A folder with a space is quoted for the shell in the copy line.
+    assert f"cp '{service}' '{timer}' " in printed
     assert f'"LLM_RELEASE_HOME={home}"' in service.read_text()
     assert f'ExecStart="{SCRIPT.absolute()}" up --unattended' in service.read_text()
 
