@@ -23,6 +23,7 @@ line (a newline, a control character, a backslash or a double quote) is refused.
 from __future__ import annotations
 
 import getpass
+import os
 import re
 import shlex
 import shutil
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_release.errors import ConfigError
+from llm_release.settings import env_names
 
 # How long after a run of 'up' ends the timer runs it again.
 EVERY_S = 30
@@ -87,6 +89,31 @@ def llm_release_bin() -> Path:
     return Path(found).absolute()
 
 
+def environment(environ: dict[str, str]) -> dict[str, str]:
+    """The settings in force here that the units' 'up' must see too: every variable the
+    project reads (``settings.env_names``: LLM_RELEASE_*, HF_ENDPOINT, PREFECT_API_URL...)
+    that is set, and PATH (the tools 'up' starts: HAProxy, Prometheus, Alertmanager).
+    LLM_RELEASE_HOME is the unit's own setting."""
+    names = [n for n in env_names() if n != "LLM_RELEASE_HOME"] + ["PATH"]
+    return {name: environ[name] for name in names if environ.get(name)}
+
+
+def env_file_text(variables: dict[str, str]) -> str:
+    """An ``EnvironmentFile=``: each value single-quoted (taken literally by systemd: no
+    escapes, no variables); a value systemd cannot take so is refused naming the variable
+    (never the value: it may be a secret)."""
+    lines = ["# Written by 'llm-release systemd': the settings its units' 'up' runs with."]
+    for name, value in sorted(variables.items()):
+        if "'" in value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(
+                f"{name} holds a single quote or a control character, which the units' "
+                "environment file cannot take",
+                hint=f"set {name} without them, or write the units' environment by hand",
+            )
+        lines.append(f"{name}='{value}'")
+    return "\n".join(lines) + "\n"
+
+
 def render(
     project: Path,
     home: Path,
@@ -124,6 +151,8 @@ def render(
             *([f"User={run_as}"] if run_as else []),
             f"WorkingDirectory={_specifiers(project_text)}",
             f'Environment="LLM_RELEASE_HOME={_specifiers(home_text)}"',  # no $ expansion here
+            # The other settings (0600 in the home: a database URL may hold a password).
+            f"EnvironmentFile=-{_specifiers(str(env_path(home)))}",
             f"ExecStart={_exec_path(exe_text)} up --unattended",
             # The servers 'up' starts outlive it (they are the point of it).
             "KillMode=process",
@@ -152,6 +181,22 @@ def render(
         ]
     )
     return Units(service, timer, {service: service_text, timer: timer_text})
+
+
+def env_path(home: Path) -> Path:
+    return home / "systemd.env"
+
+
+def write_env(home: Path, variables: dict[str, str]) -> Path:
+    """The units' environment file, 0600 (created so: never readable by others meanwhile)."""
+    text = env_file_text(variables)
+    path = env_path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    return path
 
 
 def default_dir(user: bool) -> Path:

@@ -70,6 +70,7 @@ def test_the_units_pass_systemd_analyze_verify_and_name_the_home(tmp_path, user)
     assert _unescape(_setting(service, "WorkingDirectory")) == str(project)
     assert _unescape(_setting(service, "Environment")) == f'"LLM_RELEASE_HOME={home}"'
     assert _unescape(_setting(service, "ExecStart")) == f'"{script}" up --unattended'
+    assert _unescape(_setting(service, "EnvironmentFile")) == f"-{home}/systemd.env"
     assert _setting(service, "Type") == "oneshot" and _setting(service, "KillMode") == "process"
     assert ("User=" in service) is (not user)
     timer = units.files[units.timer]
@@ -129,3 +130,36 @@ def test_a_folder_it_cannot_write_is_one_error_line(tmp_path, capsys):
     assert main(["systemd", "--output", "/proc/llm-release-units"]) == 2
     err = capsys.readouterr().err
     assert "cannot write the units to /proc/llm-release-units" in err and err.count("\n") == 1
+
+
+def test_the_settings_in_force_go_to_an_environment_file_only_its_owner_reads(
+    tmp_path, monkeypatch, capsys
+):
+    home = tmp_path / "home"
+    secret = "postgresql://u:p$w d@db/x"
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(home))
+    monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", secret)
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    out = tmp_path / "units"
+    assert main(["systemd", "--user", "--output", str(out)]) == 0
+    env_file = home / "systemd.env"
+    assert f"wrote {env_file}" in capsys.readouterr().out
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    lines = env_file.read_text().splitlines()
+    assert f"LLM_RELEASE_DATABASE_URL='{secret}'" in lines
+    assert "PREFECT_API_URL='http://127.0.0.1:4200/api'" in lines
+    assert any(line.startswith("PATH='") for line in lines)
+    assert not any(line.startswith("LLM_RELEASE_HOME=") for line in lines)
+    service = (out / "llm-release-up.service").read_text()
+    assert f"EnvironmentFile=-{env_file}" in service and secret not in service
+
+
+def test_a_setting_the_environment_file_cannot_take_is_refused_without_its_value(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", "postgresql://u:it's@db/x")
+    assert main(["systemd", "--user", "--output", str(tmp_path / "units")]) == 2
+    err = capsys.readouterr().err
+    assert "LLM_RELEASE_DATABASE_URL" in err and "it's" not in err
+    assert not (tmp_path / "units").exists()
