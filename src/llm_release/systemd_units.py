@@ -143,8 +143,8 @@ def render(
             "# Written by 'llm-release systemd'; written again by it, edits are lost.",
             "[Unit]",
             f"Description={description}",
-            "Wants=network-online.target",
-            "After=network-online.target",
+            # A user manager has no network-online.target (the system's is not its unit).
+            *([] if user else ["Wants=network-online.target", "After=network-online.target"]),
             "",
             "[Service]",
             "Type=oneshot",

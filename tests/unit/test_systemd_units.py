@@ -73,6 +73,7 @@ def test_the_units_pass_systemd_analyze_verify_and_name_the_home(tmp_path, user)
     assert _unescape(_setting(service, "EnvironmentFile")) == f"-{home}/systemd.env"
     assert _setting(service, "Type") == "oneshot" and _setting(service, "KillMode") == "process"
     assert ("User=" in service) is (not user)
+    assert ("After=network-online.target" in service) is (not user)
     timer = units.files[units.timer]
     assert _setting(timer, "OnUnitInactiveSec") == "30s" and _setting(timer, "Unit") == (
         units.service
