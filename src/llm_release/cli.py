@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -250,7 +249,7 @@ def cmd_systemd(args: argparse.Namespace) -> int:
 
     units = systemd_units.render(paths.project_root(), paths.home(), user=args.user, name=args.name)
     directory = (args.output or systemd_units.default_dir(args.user)).absolute()
-    env_file = systemd_units.write_env(paths.home(), systemd_units.environment(dict(os.environ)))
+    env_file = systemd_units.write_env(paths.home(), systemd_units.environment())
     for path in systemd_units.write(units, directory):
         print(f"wrote {path}")
     print(f"wrote {env_file} (the LLM_RELEASE_* settings and PATH in force here; 0600)")

@@ -521,6 +521,14 @@ def env_names() -> dict[str, str]:
     return {env_name(field): field for field in Settings.model_fields}
 
 
+def in_force(extra: tuple[str, ...] = ()) -> dict[str, str]:
+    """The variables ``Settings`` reads (and ``extra``) that are set here, as their text:
+    what a process started elsewhere needs to run with these settings (the systemd units'
+    'up', ``systemd_units.environment``). Secrets included: the caller keeps them private."""
+    names = [*env_names(), *extra]
+    return {name: os.environ[name] for name in names if os.environ.get(name)}
+
+
 def settings() -> Settings:
     """The settings, read from the environment now; ConfigError naming the bad variable."""
     try:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_release.errors import ConfigError
-from llm_release.settings import env_names
+from llm_release.settings import in_force
 
 # How long after a run of 'up' ends the timer runs it again.
 EVERY_S = 30
@@ -89,13 +89,14 @@ def llm_release_bin() -> Path:
     return Path(found).absolute()
 
 
-def environment(environ: dict[str, str]) -> dict[str, str]:
+def environment() -> dict[str, str]:
     """The settings in force here that the units' 'up' must see too: every variable the
-    project reads (``settings.env_names``: LLM_RELEASE_*, HF_ENDPOINT, PREFECT_API_URL...)
+    project reads (``settings.in_force``: LLM_RELEASE_*, HF_ENDPOINT, PREFECT_API_URL...)
     that is set, and PATH (the tools 'up' starts: HAProxy, Prometheus, Alertmanager).
     LLM_RELEASE_HOME is the unit's own setting."""
-    names = [n for n in env_names() if n != "LLM_RELEASE_HOME"] + ["PATH"]
-    return {name: environ[name] for name in names if environ.get(name)}
+    found = in_force(extra=("PATH",))
+    found.pop("LLM_RELEASE_HOME", None)
+    return found
 
 
 def env_file_text(variables: dict[str, str]) -> str:
