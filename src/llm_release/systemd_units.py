@@ -115,6 +115,13 @@ def env_file_text(variables: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def owner(path: Path) -> str:
+    try:
+        return path.owner()
+    except (KeyError, OSError):  # a uid without a name: the user running this
+        return getpass.getuser()
+
+
 def render(
     project: Path,
     home: Path,
@@ -125,7 +132,8 @@ def render(
     run_as: str | None = None,
 ) -> Units:
     """The unit files' text for ``home`` (a system unit runs as ``run_as``, by default the
-    user running this: the servers never run as root)."""
+    owner of the home, or of the project while there is no home yet: 'sudo llm-release
+    systemd' still runs the servers as the user whose files they are, not as root)."""
     if not NAME_RE.fullmatch(name):
         raise ConfigError(
             f"unit name {name!r} is not a plain name",
@@ -135,7 +143,7 @@ def render(
     home_text = _check_path(home, "LLM_RELEASE_HOME")
     exe_text = _check_path(executable or llm_release_bin(), "the llm-release script")
     service, timer = f"{name}-up.service", f"{name}-up.timer"
-    run_as = None if user else (run_as or getpass.getuser())
+    run_as = None if user else (run_as or owner(home if home.exists() else project))
     if run_as is not None and not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]*", run_as):
         raise ConfigError(f"user name {run_as!r} is not one systemd takes")
     description = _specifiers(f"llm-release: bring the releases of {home_text} back")

@@ -73,6 +73,8 @@ def test_the_units_pass_systemd_analyze_verify_and_name_the_home(tmp_path, user)
     assert _unescape(_setting(service, "EnvironmentFile")) == f"-{home}/systemd.env"
     assert _setting(service, "Type") == "oneshot" and _setting(service, "KillMode") == "process"
     assert ("User=" in service) is (not user)
+    if not user:  # the servers run as the owner of the project's files
+        assert _setting(service, "User") == project.owner()
     assert ("After=network-online.target" in service) is (not user)
     timer = units.files[units.timer]
     assert _setting(timer, "OnUnitInactiveSec") == "30s" and _setting(timer, "Unit") == (
@@ -164,3 +166,15 @@ def test_a_setting_the_environment_file_cannot_take_is_refused_without_its_value
     err = capsys.readouterr().err
     assert "LLM_RELEASE_DATABASE_URL" in err and "it's" not in err
     assert not (tmp_path / "units").exists()
+
+
+def test_a_system_unit_runs_the_servers_as_the_owner_of_the_home_not_root(tmp_path):
+    # 'sudo llm-release systemd': the user running it is root; the home is someone else's
+    # (as root here, given to nobody; as a plain user, the home is that user's).
+    home = tmp_path / "home"
+    home.mkdir()
+    if os.geteuid() == 0:
+        os.chown(home, 65534, 65534)
+        assert home.owner() != "root"
+    units = systemd_units.render(tmp_path, home, user=False, executable=SCRIPT)
+    assert _setting(units.files[units.service], "User") == home.owner()
