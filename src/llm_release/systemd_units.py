@@ -205,6 +205,8 @@ def write_env(home: Path, variables: dict[str, str]) -> Path:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+    if os.geteuid() == 0:  # written by root (sudo): the home's owner keeps it
+        os.chown(path, home.stat().st_uid, home.stat().st_gid)
     return path
 
 
@@ -226,8 +228,8 @@ def write(units: Units, directory: Path) -> list[Path]:
     except OSError as exc:  # not allowed, a read-only file system, a path under /proc
         raise ConfigError(
             f"cannot write the units to {directory}: {exc.strerror}",
-            hint="run it with sudo for system units, or pass --user (user units) or "
-            "--output DIR (then copy them as printed)",
+            hint="pass --output DIR and copy them as printed (with sudo for system units; "
+            "sudo itself would drop your LLM_RELEASE_* settings), or --user",
         ) from exc
     return written
 
