@@ -6,7 +6,8 @@
 #     'llm-release image build'); dockerd is started when it is not running; chromium
 #     (headless, for the test that screenshots the Prefect UI's run page; no recommends);
 #     postgresql (the release record's production database: the tests start their own
-#     server from its binaries; its system service is never started)
+#     server from its binaries; its system service is never started); systemd (its
+#     systemd-analyze verifies the units 'llm-release systemd' writes)
 #   - .venv       : the pipeline (Prefect, llm-compressor, lm-eval, GuideLLM, this package)
 #   - .venv-vllm  : the serving runtime (vLLM); its pins clash with llm-compressor's
 #
@@ -253,6 +254,8 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need+=(postgresql)
+# systemd-analyze: the tests verify the units 'llm-release systemd' writes
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if [ -n "$only" ]; then
   [ ${#need[@]} -eq 0 ] || echo "setup: ONLY=$only: not installing ${need[*]} (Debian packages)"
 elif [ ${#need[@]} -gt 0 ] && [ "$plan" = 1 ]; then
