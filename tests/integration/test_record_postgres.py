@@ -427,7 +427,7 @@ def test_two_processes_claiming_the_last_free_gpu_have_one_winner(record_url, ho
     # The loser waited on the winner's lock, then saw its claim.
     assert float(said[loser][1]) >= float(said[winner][1]) - 0.05, said
     assert {c.holder: c.gpus for c in gpus.ledger().claims} == {"stable": [0], winner: [1]}
-    with pytest.raises(ServeError, match="0 free"):
+    with pytest.raises(ServeError, match="0 have it"):
         gpus.claim("third", ServingConfig(), [0, 1], alive=lambda c: True)
 
 
