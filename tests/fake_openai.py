@@ -30,7 +30,19 @@ from pathlib import Path
 class FakeServer:
     """This file run as a process of its own session (a group leader, like vLLM's)."""
 
-    def __init__(self, name: str, delay_s: float, directory: Path, fail_every: int = 0):
+    def __init__(
+        self,
+        name: str,
+        delay_s: float,
+        directory: Path,
+        fail_every: int = 0,
+        *,
+        home: Path | None = None,
+    ):
+        """``home``: the project home whose mark it carries (LLM_RELEASE_HOME's by default),
+        as the vLLM servers it stands in for do."""
+        from tests.helpers import marked_env
+
         self.name = name
         self.record_path = Path(directory) / f"{name}.json"
         self.process = subprocess.Popen(
@@ -38,6 +50,7 @@ class FakeServer:
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            env=marked_env(home),
         )
         self.pid = self.process.pid
         self.port = int(self.process.stdout.readline())

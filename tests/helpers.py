@@ -1,4 +1,5 @@
 import contextvars
+import os
 import subprocess
 import threading
 import time
@@ -28,6 +29,16 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
 
     stop_process_group(proc.pid, grace_s=grace_s)
     proc.wait(10)
+
+
+def marked_env(home: Path | None = None) -> dict[str, str]:
+    """This environment with a project home's mark (``processes.HOME_MARK``), as every
+    server the project starts carries it: a stand-in for one of its servers needs it to be
+    taken for the project's own (``processes.is_ours``). ``home``: LLM_RELEASE_HOME's."""
+    from llm_release import paths
+    from llm_release.serving import processes
+
+    return {**os.environ, processes.HOME_MARK: str((home or paths.home()).resolve())}
 
 
 def vllm_processes(

@@ -425,7 +425,7 @@ def waiting_eval(control, deployed, killed_slot) -> dict:
 
     active_at_submit = active_slots()
     home = Path(tempfile.mkdtemp(prefix="llmr-eval-", dir="/tmp"))
-    server = FakeServer("stable-eval-1", 0, home)
+    server = FakeServer("stable-eval-1", 0, home, home=home)
     control["cleanup"].append(server.close)
     stable = registry.Release(
         release_id="stable-eval-1",

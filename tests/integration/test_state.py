@@ -4,6 +4,7 @@ drains while a new release deploys leaves HAProxy agreeing with the registry."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -22,16 +23,21 @@ from llm_release.cli import main as cli
 from llm_release.config import ServingConfig
 from llm_release.errors import StateError
 from llm_release.registry import Release
+from llm_release.serving import processes
 from llm_release.serving.processes import start_time
 from llm_release.serving.serve import free_port
 
 pytestmark = pytest.mark.integration
 
 
-def spawn(*extra: str) -> subprocess.Popen:
-    """A process group leader that sleeps, standing in for a server process."""
+def spawn(*extra: str, home: Path | None = None) -> subprocess.Popen:
+    """A process group leader that sleeps, standing in for a server process; with ``home``
+    it carries that home's mark, as the servers the project starts there do."""
     code = "import time; time.sleep(60)"
-    return subprocess.Popen([sys.executable, "-c", code, *extra], start_new_session=True)
+    env = dict(os.environ)
+    if home is not None:
+        env[processes.HOME_MARK] = str(home.resolve())
+    return subprocess.Popen([sys.executable, "-c", code, *extra], start_new_session=True, env=env)
 
 
 def alive(proc: subprocess.Popen) -> bool:
@@ -81,12 +87,24 @@ def test_a_reused_pid_is_never_killed(home, procs, capsys):
         state.stable = release("stable", stranger, free_port(), None)
     promote.down()
     assert alive(stranger)
-    # The control: recorded with its real start time, the same process is ours and stops.
+    # A record naming its real pid and start time (both readable in /proc): still not a
+    # process the project started (no home mark), so nothing signals it.
     with registry.locked() as state:
         state.stable = release("stable", stranger, free_port(), start_time(stranger.pid))
+    assert not promote.release_alive(registry.load().stable)
+    promote.down()
+    assert alive(stranger), "down killed a process a forged record named"
+    # The control: a process this home's project started, recorded with its real start
+    # time, is ours and stops.
+    ours = spawn(home=home)
+    procs.append(ours)
+    time.sleep(0.1)
+    with registry.locked() as state:
+        state.stable = release("stable", ours, free_port(), start_time(ours.pid))
     assert promote.release_alive(registry.load().stable)
     assert any("vLLM stable" in s for s in promote.down())
-    stranger.wait(timeout=15)
+    ours.wait(timeout=15)
+    assert alive(stranger)
 
 
 def test_a_reused_pid_in_a_pid_file_is_never_killed(home, procs):
@@ -172,7 +190,7 @@ def test_rollback_draining_while_a_release_deploys_leaves_haproxy_and_registry_a
     backends = {name: Backend(name) for name in ("stable", "old", "new")}
 
     def start_release(target, public_name, role):
-        proc = spawn()
+        proc = spawn(home=home)
         procs.append(proc)
         time.sleep(0.05)
         return release(

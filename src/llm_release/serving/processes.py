@@ -4,7 +4,11 @@ A pid recorded in the registry or a pid file can belong to an unrelated process 
 recorded one exited and the kernel reused the number. A process is taken for the one
 recorded only when its start time matches the one recorded with it (or, for records
 without a start time, when its command line names what it must be); nothing else is
-signalled. ``under_home`` finds the project's servers by command line when the records
+signalled. Start times are seconds after boot, as the kernel counts them: the wall clock
+moves under a running process (a VM restored from a snapshot, an NTP step) and would make
+a server that still runs look gone. A record is also input: a process is the project's
+only when its environment carries this home's mark (``is_ours``), so a record naming some
+other process's pid and start time (both readable in /proc) gets nothing signalled. ``under_home`` finds the project's servers by command line when the records
 are lost (a corrupt registry, a killed flow).
 """
 
@@ -17,6 +21,14 @@ import psutil
 
 # Start times come from /proc in clock ticks; the same process reads back the same value.
 START_TOLERANCE_S = 0.05
+# A recorded start time above this is an older record's: seconds since the epoch (psutil's
+# create_time, which follows the wall clock's steps). Seconds after boot stay below it for
+# three years of uptime.
+EPOCH_FLOOR = 1e8
+# An older record's epoch start time against psutil's: /proc/stat's boot time is whole
+# seconds and moves with the wall clock's corrections.
+EPOCH_TOLERANCE_S = 2.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 VLLM_MARKER = "vllm.entrypoints.openai.api_server"
 # In the environment of every server process the project starts (and of every process
 # those start, which inherit it): the project home's path. A process renames itself
@@ -28,10 +40,43 @@ ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
 
 
 def start_time(pid: int) -> float | None:
+    """When ``pid`` started, in seconds after boot (/proc/PID/stat's clock ticks): the value
+    records keep. Unlike an epoch time it does not move when the wall clock is stepped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+        # Field 22; the command name (field 2, in parentheses) may hold spaces and ')'.
+        return int(stat.rsplit(b")", 1)[1].split()[19]) / CLOCK_TICKS
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, IndexError):
+        return _epoch_start_time(pid)  # no /proc (not Linux): psutil's epoch time
+
+
+def _epoch_start_time(pid: int) -> float | None:
     try:
         return psutil.Process(pid).create_time()
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
         return None
+
+
+def same_start(pid: int, started: float) -> bool:
+    """``pid`` started when ``started`` says (seconds after boot; an older record's epoch
+    seconds are compared with psutil's epoch time, within its whole-second jitter)."""
+    if started > EPOCH_FLOOR:
+        now = _epoch_start_time(pid)
+        return now is not None and abs(now - started) <= EPOCH_TOLERANCE_S
+    now = start_time(pid)
+    return now is not None and abs(now - started) <= START_TOLERANCE_S
+
+
+def is_ours(pid: int, home: Path) -> bool:
+    """``pid`` is a process the project started for ``home``: its environment carries the
+    home's mark (``HOME_MARK``), which only the project's own starts put there. A process of
+    another user cannot be read and is not ours."""
+    try:
+        return psutil.Process(pid).environ().get(HOME_MARK) == str(Path(home).resolve())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return False
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -55,8 +100,7 @@ def is_same(pid: int, started: float | None, *, cmdline_has: str | None = None) 
     if pid <= 0 or not is_alive(pid):
         return False
     if started is not None:
-        now = start_time(pid)
-        return now is not None and abs(now - started) <= START_TOLERANCE_S
+        return same_start(pid, started)
     if cmdline_has:
         return any(cmdline_has in part for part in _cmdline(pid))
     return False
@@ -65,7 +109,7 @@ def is_same(pid: int, started: float | None, *, cmdline_has: str | None = None) 
 def started_before(pid: int, moment: float) -> bool:
     """``pid`` is alive and started no later than ``moment`` (e.g. its pid file's mtime):
     a reused pid belongs to a process that started after the file was written."""
-    started = start_time(pid)
+    started = _epoch_start_time(pid)
     return is_alive(pid) and started is not None and started <= moment + 1.0
 
 

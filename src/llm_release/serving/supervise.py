@@ -533,6 +533,8 @@ def stop_server_group(log_path: str | Path) -> bool:
         return False
     if not processes.is_same(state.server_pid, state.server_started):
         return False
+    if not processes.is_ours(state.server_pid, paths.home()):
+        return False  # the state file names a process the project did not start
     return stop_process_group(state.server_pid, REAP_GRACE_S)
 
 

@@ -23,6 +23,7 @@ from llm_release.config import ServingConfig
 from llm_release.registry import Release
 from llm_release.serving.processes import start_time
 from tests.fake_openai import FakeServer
+from tests.helpers import marked_env
 
 # Accepts every connection and never answers: a /metrics endpoint that hangs.
 HANGING = """
@@ -56,12 +57,13 @@ def release_for(pid: int, port: int, name: str = "canary-0123abcd-20261201000000
 
 
 @pytest.fixture()
-def hanging_server():
+def hanging_server(home):
     proc = subprocess.Popen(
         [sys.executable, "-c", HANGING, "canary-0123abcd-20261201000000"],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=marked_env(),
     )
     port = int(proc.stdout.readline())
     yield proc, port

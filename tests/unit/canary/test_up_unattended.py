@@ -17,6 +17,7 @@ from llm_release.cli import main as cli
 from llm_release.config import ServingConfig
 from llm_release.registry import Release
 from llm_release.serving.processes import start_time
+from tests.helpers import marked_env
 
 
 def _release(pid: int, started: float | None, name: str) -> Release:
@@ -37,16 +38,20 @@ def _release(pid: int, started: float | None, name: str) -> Release:
 
 
 @pytest.fixture()
-def live():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+def live(home):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env=marked_env()
+    )
     yield proc.pid, start_time(proc.pid)
     proc.kill()
     proc.wait()
 
 
 @pytest.fixture()
-def dead():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+def dead(home):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env=marked_env()
+    )
     started = start_time(proc.pid)
     proc.kill()
     proc.wait()

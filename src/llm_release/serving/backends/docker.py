@@ -561,11 +561,10 @@ def is_leftover(
 
 
 def _owner_alive(pid: int, started: float | None) -> bool:
-    # Start times in labels are rounded to 10 ms.
+    # Start times in labels are rounded to 10 ms (a clock tick).
     if started is None:
         return processes.is_alive(pid)
-    now = processes.start_time(pid)
-    return now is not None and abs(now - started) <= 0.05
+    return processes.is_alive(pid) and processes.same_start(pid, started)
 
 
 def sweep(home: Path, *, everything: bool) -> list[str]:

@@ -3,15 +3,19 @@ a serving release's under a supervisor: ``supervise.SupervisedServer``)."""
 
 from __future__ import annotations
 
+from llm_release import paths
 from llm_release.registry import Release
 from llm_release.serving import processes, supervise
 from llm_release.serving.serve import stop_process_group
 
 
 def _recorded_alive(release: Release) -> bool:
-    """Same pid and start time (older records: a command line naming the release). A
-    reused pid is some other process, never ours."""
-    return processes.is_same(release.pid, release.pid_started, cmdline_has=release.release_id)
+    """Same pid and start time (older records: a command line naming the release), and a
+    process this home's project started (``processes.is_ours``): a reused pid, or one a
+    record names that belongs to somebody else, is never ours."""
+    return processes.is_same(
+        release.pid, release.pid_started, cmdline_has=release.release_id
+    ) and processes.is_ours(release.pid, paths.home())
 
 
 def release_alive(release: Release) -> bool:

@@ -1,0 +1,64 @@
+"""A process's identity, against real processes: its start time survives a step of the wall
+clock (CI, 2026-12-04: a promoted stable taken for dead, started a second time beside the
+first), an older record's epoch start time is still read, and only a process carrying the
+home's mark is the project's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from llm_release.serving import processes
+from tests.helpers import marked_env
+
+SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.fixture()
+def sleeper(home):
+    started = []
+
+    def spawn(env: dict | None = None) -> subprocess.Popen:
+        proc = subprocess.Popen(SLEEP, env=env)
+        started.append(proc)
+        return proc
+
+    yield spawn
+    for proc in started:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def test_a_step_of_the_wall_clock_leaves_a_process_its_identity(sleeper, monkeypatch):
+    proc = sleeper()
+    recorded = processes.start_time(proc.pid)
+    assert recorded is not None and recorded < processes.EPOCH_FLOOR  # seconds after boot
+    # psutil's epoch start time is its boot time (/proc/stat's btime) plus the ticks: a VM
+    # restored from a snapshot, or an NTP step, moves btime under a running process.
+    from psutil import _pslinux
+
+    real_boot = psutil.boot_time()
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: real_boot + 7)
+    assert abs(psutil.Process(proc.pid).create_time() - (recorded + real_boot + 7)) < 0.05
+    assert processes.is_same(proc.pid, recorded)
+    assert not processes.is_same(proc.pid, recorded - 1)
+
+
+def test_an_older_records_epoch_start_time_is_still_read(sleeper):
+    proc = sleeper()
+    epoch = psutil.Process(proc.pid).create_time()
+    assert processes.is_same(proc.pid, epoch)
+    assert not processes.is_same(proc.pid, epoch - 30)
+
+
+def test_only_a_process_with_the_homes_mark_is_ours(sleeper, home, tmp_path):
+    ours = sleeper(marked_env(home))
+    stranger = sleeper()
+    other_home = sleeper(marked_env(tmp_path))
+    assert processes.is_ours(ours.pid, home)
+    assert not processes.is_ours(stranger.pid, home)
+    assert not processes.is_ours(other_home.pid, home)
+    assert not processes.is_ours(999_999_999, home)
