@@ -321,3 +321,47 @@ def test_a_serving_containers_restarts_reach_prometheus_through_its_metrics_proc
         container.remove(force=True)
     assert exporter.wait(15) == 0
     assert "is gone: exiting" in exporter.stdout.read()
+
+
+def test_down_removes_the_projects_network_once_no_container_uses_it(cpu_image, home, monkeypatch):
+    """The network is the daemon's, shared by every home there: 'down' removes it only when
+    nothing is attached. (A network of this test's own name: the other pytest worker's
+    containers use the real one.)"""
+    from llm_release.serving.backends import docker as backend
+    from llm_release.serving.backends import sweep_containers
+
+    name = f"llm-release-isolated-test-{os.getpid()}"
+    monkeypatch.setattr(backend, "NETWORK", name)
+    docker = client()
+    ensure_network(docker)
+    attached = docker.containers.run(
+        image.base_tag(), ["sleep", "600"], name=f"llmr-test-net-{os.getpid()}", network=name,
+        labels={label("project"): PROJECT, label("home"): "/tmp/another-home"},
+        detach=True, init=True,
+    )  # fmt: skip
+    try:
+        assert f"network {name}" not in sweep_containers(home, everything=True)
+        assert [n.name for n in docker.networks.list(names=[name])] == [name]
+    finally:
+        attached.remove(force=True)
+    # Before a release (everything=False) the network stays; 'down' removes it.
+    assert sweep_containers(home, everything=False) == []
+    assert docker.networks.list(names=[name])
+    assert sweep_containers(home, everything=True) == [f"network {name}"]
+    assert [n for n in docker.networks.list(names=[name]) if n.name == name] == []
+    # A server started after another home's 'down' removed it finds it again.
+    ensure_network(docker)
+    docker.networks.get(name).remove()
+    server = backend.DockerServer.__new__(backend.DockerServer)
+    spec = {
+        "image": image.base_tag(), "command": ["sleep", "600"], "detach": True, "init": True,
+        "name": f"llmr-test-net2-{os.getpid()}", "network": name,
+        "labels": {label("project"): PROJECT, label("home"): str(home.resolve())},
+    }  # fmt: skip
+    container = server._run(docker, spec)
+    try:
+        container.reload()
+        assert name in container.attrs["NetworkSettings"]["Networks"]
+    finally:
+        container.remove(force=True)
+        sweep_containers(home, everything=True)

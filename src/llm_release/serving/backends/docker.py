@@ -370,11 +370,16 @@ class DockerServer(Server):
             self._start_metrics()
         return self.endpoint()
 
-    def _run(self, docker: Any, spec: dict[str, Any]) -> Any:
+    def _run(self, docker: Any, spec: dict[str, Any], *, again: bool = True) -> Any:
         errors = sdk_errors()
         try:
             return docker.containers.run(**spec)
         except errors.APIError as exc:
+            gone = exc.status_code == 404 and "network" in str(exc.explanation or exc).lower()
+            if gone and again:
+                # another home's 'down' removed the shared network after ensure_network
+                ensure_network(docker)
+                return self._run(docker, spec, again=False)
             if exc.status_code != 409:
                 raise ServeError(
                     f"the Docker daemon refused {spec['name']}: {exc.explanation or exc}"
@@ -592,4 +597,31 @@ def sweep(home: Path, *, everything: bool) -> list[str]:
             _save_log(container, Path(home) / "servers" / f"{role}-{release_id}.log")
         _remove(container, grace_s=10)
         removed.append(f"container {container.name} ({labels.get(label('role'), '?')})")
+    if everything and remove_network_if_unused(docker):
+        removed.append(f"network {NETWORK}")
+    return removed
+
+
+def remove_network_if_unused(docker: Any) -> bool:
+    """The project's network, removed when no container is attached to it ('down'): it is
+    the daemon's, shared by every project home there, so one still in use (another home's
+    server, a container started meanwhile: the daemon refuses) stays."""
+    errors = sdk_errors()
+    removed = False
+    for network in docker.networks.list(names=[NETWORK]):
+        if (
+            network.name != NETWORK
+            or (network.attrs.get("Labels") or {}).get(label("project")) != PROJECT
+        ):
+            continue  # a network of that name the project did not create
+        try:
+            network.reload()
+            if network.attrs.get("Containers"):
+                continue
+            network.remove()
+            removed = True
+        except errors.NotFound:
+            continue
+        except errors.APIError as exc:  # active endpoints: attached since the reload
+            log.info("the network %s stays: %s", NETWORK, exc)
     return removed
