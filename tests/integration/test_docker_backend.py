@@ -212,9 +212,11 @@ def test_a_containers_server_is_reached_from_the_hosts_loopback_only(cpu_image, 
                 pass
 
 
-def dying_release(home: Path, model_dir: Path, release_id: str, role: str, code: str):
+def dying_release(
+    home: Path, model_dir: Path, release_id: str, role: str, code: str, port: int | None = None
+):
     """A serving release's container from our spec (restart limit 2) whose server is
-    ``code``, a Python program that dies."""
+    ``code``, a Python program that dies (published on ``port`` of the host's loopback)."""
     docker = client()
     ensure_network(docker)
     spec = container_spec(
@@ -222,7 +224,7 @@ def dying_release(home: Path, model_dir: Path, release_id: str, role: str, code:
         model_dir=model_dir,
         served_names=["m", release_id],
         serving=ServingConfig(backend="docker"),
-        port=free_port(),
+        port=port or free_port(),
         owner=Owner(role=role, release_id=release_id),
         gpu_ids=None,
         gpu_host=False,
@@ -321,6 +323,62 @@ def test_a_serving_containers_restarts_reach_prometheus_through_its_metrics_proc
         container.remove(force=True)
     assert exporter.wait(15) == 0
     assert "is gone: exiting" in exporter.stdout.read()
+
+
+# A server that answers /health twice (the metrics process asks every 2 s, however long it
+# took to start), then stops answering and stays alive: hung.
+HANGING = """
+import http.server, threading, time
+answered = threading.Semaphore(0)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+        answered.release()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+answered.acquire()
+answered.acquire()
+server.shutdown()
+server.server_close()
+time.sleep(3600)
+"""
+
+
+def test_a_hung_serving_container_is_killed_and_restarted_by_its_policy(cpu_image, home, tmp_path):
+    """Docker restarts a container that exits, not one whose server is alive and silent:
+    the metrics process kills a server that answered /health once and then none for
+    HANG_AFTER_S, and the container's restart policy starts it again (counted)."""
+    from llm_release.serving.supervise import supervisor_env
+
+    port = free_port()
+    container = dying_release(home, tmp_path, "hang-1", "stable", HANGING, port=port)
+    exporter = subprocess.Popen(
+        [
+            sys.executable, "-m", "llm_release.serving.container_metrics", container.id,
+            "m", "hang-1", "stable", str(free_port()), f"http://127.0.0.1:{port}/health", "3",
+        ],
+        env=supervisor_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            container.reload()
+            if container.attrs["RestartCount"] >= 1:
+                break
+            time.sleep(0.5)
+        assert container.attrs["RestartCount"] >= 1, container.status
+        # It was killed (137 from tini), not stopped by hand: the policy restarted it.
+        assert container.attrs["State"]["Status"] in ("running", "restarting")
+    finally:
+        container.remove(force=True)
+    assert exporter.wait(15) == 0
+    out = exporter.stdout.read()
+    assert "answered no /health for 3 s: hung; killing it" in out, out
 
 
 def test_down_removes_the_projects_network_once_no_container_uses_it(cpu_image, home, monkeypatch):

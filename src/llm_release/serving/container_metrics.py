@@ -12,10 +12,18 @@ the same alert rules (``alerts.restart_rules``) cover both backends:
 - ``llm_release_server_crash_looping``: 1 once it exited with no retry left;
 - ``llm_release_server_up``: 1 while it runs and its server answers ``/health``.
 
+It also watches for a hung server, as the supervisor does: Docker restarts a container that
+exits, not one whose vLLM is alive and answers nothing. A server that answered ``/health``
+once and then none for ``HANG_AFTER_S`` (the supervisor's ``hang_after_s``) has every process
+of the container but its init killed (``docker exec``: a kill through the daemon's API counts
+as stopped by hand, and the restart policy would leave it down); the init (tini) exits with
+the server's status, so the restart policy starts it again and the restart is counted (and
+its crash loop, if it keeps hanging) like any other.
+
 It exits by itself when its container is gone (stopped and removed by a rollback, a
 promotion or ``down``), and ``down`` reaps it with the rest (``processes.HOME_MARK``).
 
-    python -m llm_release.serving.container_metrics CONTAINER SERVICE RELEASE ROLE PORT HEALTH_URL
+    python -m llm_release.serving.container_metrics CONTAINER SERVICE RELEASE ROLE PORT HEALTH_URL [HANG_AFTER_S]
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -61,6 +70,47 @@ def healthy(url: str) -> bool:
         return requests.get(url, timeout=1.0).status_code == 200
     except requests.RequestException:
         return False
+
+
+class HangWatch:
+    """When a running container's server is hung: it answered /health once (since the
+    container last started) and none for ``hang_after_s`` since. A restart (the count moved,
+    or the container is not running) starts the watch over."""
+
+    def __init__(self, hang_after_s: float) -> None:
+        self.hang_after_s = hang_after_s
+        self.last_answer: float | None = None
+        self.restarts: int | None = None
+
+    def reset(self) -> None:
+        self.last_answer = None
+
+    def hung(self, reading: ContainerReading, answered: bool, now: float) -> bool:
+        if reading.status != "running" or reading.restarts != self.restarts:
+            self.restarts = reading.restarts
+            self.reset()
+            if reading.status != "running":
+                return False
+        if answered:
+            self.last_answer = now
+            return False
+        return self.last_answer is not None and now - self.last_answer >= self.hang_after_s
+
+
+# Every process of the container but its init (tini, PID 1) and this one: vLLM and its
+# engine processes. Python is in the project's image and in vLLM's official one.
+KILL_SERVER = ["python3", "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"]
+
+
+def kill_server(container_id: str) -> None:
+    """Kill the container's server from inside it: its init then exits with the server's
+    status, which the ``on-failure`` restart policy restarts (a kill or stop through the
+    daemon's API is one by hand, which it does not)."""
+    from llm_release.serving.backends.docker_client import find_container
+
+    found = find_container(container_id)
+    if found is not None:
+        found.exec_run(KILL_SERVER, detach=True)
 
 
 class ContainerCollector:
@@ -108,7 +158,14 @@ class ContainerCollector:
 def main(argv: list[str]) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    container, service, release, role, port, health_url = argv
+    container, service, release, role, port, health_url, *rest = argv
+    if rest:
+        hang_after_s = float(rest[0])
+    else:
+        from llm_release.serving.supervise import RestartPolicy
+
+        hang_after_s = RestartPolicy.from_settings().hang_after_s
+    watch = HangWatch(hang_after_s)
     registry = CollectorRegistry()
     registry.register(
         ContainerCollector(
@@ -121,9 +178,19 @@ def main(argv: list[str]) -> int:
     print(f"container metrics for {release} ({container[:12]}) on 127.0.0.1:{port}", flush=True)
     while not stop.wait(POLL_S):
         try:
-            if read_container(container) is None:
+            reading = read_container(container)
+            if reading is None:
                 print(f"the container of {release} is gone: exiting", flush=True)
                 return 0
+            answered = reading.status == "running" and healthy(health_url)
+            if watch.hung(reading, answered, time.monotonic()):
+                print(
+                    f"the server of {release} answered no /health for {hang_after_s:g} s: "
+                    "hung; killing it (the restart policy starts it again)",
+                    flush=True,
+                )
+                kill_server(container)
+                watch.reset()
         except Exception as exc:  # noqa: BLE001 - the daemon restarting: try again
             print(f"reading the container of {release}: {exc}", flush=True)
     return 0

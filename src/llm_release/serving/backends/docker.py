@@ -296,7 +296,7 @@ class DockerServer(Server):
         """The container's restarts, crash loop and health at a /metrics of their own: a
         process of its own (it outlives this one, as the container does), scraped as the
         process backend's supervisor is."""
-        from llm_release.serving.supervise import supervisor_env
+        from llm_release.serving.supervise import RestartPolicy, supervisor_env
 
         self.metrics_port = free_port()
         # A log of its own: the release's log is rewritten from the container's (sync_log).
@@ -312,6 +312,7 @@ class DockerServer(Server):
                     self.owner.role,
                     str(self.metrics_port),
                     f"{self.base_url}/health",
+                    f"{RestartPolicy.from_settings().hang_after_s:g}",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
