@@ -348,7 +348,9 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     assert states[healthy_id] == "stable", states
     assert sorted(states.values()) == ["replaced", "rolled back", "rolled back", "stable"]
     # The new stable release's alert rules are loaded into the project's Prometheus.
-    rules = requests.get(f"{for_home().url}/api/v1/rules", timeout=10).json()["data"]
+    rules = requests.get(
+        f"{for_home().url}/api/v1/rules", auth=for_home().http_auth(), timeout=10
+    ).json()["data"]
     names = json.dumps(rules)
     assert healthy_id in names and "TTFT" in names.upper()
 
@@ -414,7 +416,9 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     assert counted == 1, (query, counted)
     # The alert, active in Prometheus (firing: no 'for' to wait out).
     for _ in range(30):
-        alerts = requests.get(f"{for_home().url}/api/v1/alerts", timeout=10).json()
+        alerts = requests.get(
+            f"{for_home().url}/api/v1/alerts", auth=for_home().http_auth(), timeout=10
+        ).json()
         restarted = [
             a
             for a in alerts["data"]["alerts"]
@@ -430,7 +434,7 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     # delivery to a webhook, once, is tests/integration/test_alert_delivery.py's).
     from llm_release.canary import alertmanager
 
-    # (its API asks for the project's credentials: basic auth, alertmanager_auth.py)
+    # (its API asks for the project's credentials: basic auth, basic_auth.py)
     am = alertmanager.for_home()
     received = []
     for _ in range(30):

@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from llm_release.canary.alertmanager import Alertmanager
-from llm_release.canary.alertmanager_auth import USERNAME
+from llm_release.canary.basic_auth import USERNAME
 from llm_release.serving import processes
 from llm_release.serving.serve import free_port
 from tests.helpers import require_tool

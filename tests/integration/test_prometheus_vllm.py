@@ -205,7 +205,9 @@ def test_alert_rules_load_and_watch_the_stable_release(stack):
     assert path.parent == prom.rules_dir
 
     def evaluated():
-        groups = requests.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"]
+        groups = requests.get(f"{prom.url}/api/v1/rules", auth=prom.http_auth(), timeout=5).json()[
+            "data"
+        ]["groups"]
         rules = {r["name"]: r for g in groups for r in g["rules"]}
         return (
             len(rules) == 8  # incl. the supervisors' restart and crash-loop rules
@@ -222,7 +224,9 @@ def test_alert_rules_load_and_watch_the_stable_release(stack):
     assert alerts.running()
 
     def alertmanagers():
-        data = requests.get(f"{prom.url}/api/v1/alertmanagers", timeout=5).json()["data"]
+        data = requests.get(
+            f"{prom.url}/api/v1/alertmanagers", auth=prom.http_auth(), timeout=5
+        ).json()["data"]
         return [a["url"] for a in data["activeAlertmanagers"]]
 
     # (its discovery updates at most every 5 s, and the rules' reload just restarted it)
@@ -238,7 +242,9 @@ def test_targets_follow_a_rollback_and_the_data_outlives_a_restart(stack):
     ]
 
     def active_roles():
-        data = requests.get(f"{prom.url}/api/v1/targets", timeout=5).json()["data"]
+        data = requests.get(f"{prom.url}/api/v1/targets", auth=prom.http_auth(), timeout=5).json()[
+            "data"
+        ]
         return sorted(t["labels"].get("role", "-") for t in data["activeTargets"])
 
     # the stable release's vLLM and supervisor, and HAProxy ("-")

@@ -18,7 +18,7 @@ The files holding the URL are written 0600 (it often carries the chat tool's tok
 It listens on 127.0.0.1 only, with clustering off (Alertmanager's default gossips on
 0.0.0.0:9094), and never uses Debian's system service or its files ('make setup' disables
 that service). Loopback is open to every local user, so its API asks for basic auth
-(``alertmanager_auth.py``): the user ``llm-release`` and a password made once in
+(``basic_auth.py``): the user ``llm-release`` and a password made once in
 ``<home>/alertmanager/password`` (0600), which Prometheus, amtool (``amtool.yml`` beside it)
 and this module send; anyone else gets 401.
 """
@@ -36,8 +36,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths
-from llm_release.canary.alertmanager_auth import Credentials
 from llm_release.canary.alerts import STABLE_DOWN
+from llm_release.canary.basic_auth import Credentials
 from llm_release.canary.daemon import Daemon
 from llm_release.errors import AlertmanagerError, ConfigError
 from llm_release.fileio import atomic_write_text
@@ -173,7 +173,7 @@ class Alertmanager(Daemon):
         return f"127.0.0.1:{self.port}"
 
     def http_auth(self) -> tuple[str, str]:
-        """What its API asks for: every project call sends it (see alertmanager_auth)."""
+        """What its API asks for: every project call sends it (see basic_auth)."""
         return self.credentials.auth
 
     def amtool_args(self) -> list[str]:

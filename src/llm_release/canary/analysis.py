@@ -267,6 +267,9 @@ def prometheus_url(config: AnalysisConfig) -> str:
 def client_for(config: AnalysisConfig) -> PrometheusClient:
     """The Prometheus named by ``config.prometheus_url``, checked again (a name may resolve
     elsewhere by now), else the project's own."""
+    if config.prometheus_url is None:  # the project's own: its credentials go with it
+        own = for_home()
+        return PrometheusClient(own.url, timeout_s=config.query_timeout_s, auth=own.http_auth())
     return PrometheusClient(prometheus_url(config), timeout_s=config.query_timeout_s)
 
 

@@ -29,7 +29,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from llm_release import paths
-from llm_release.canary import alertmanager_auth
+from llm_release.canary import basic_auth
 from llm_release.canary.daemon import Daemon
 from llm_release.canary.router import BACKEND
 from llm_release.errors import MetricsError
@@ -91,9 +91,7 @@ def render_config(
         "alerting": {
             "alertmanagers": [
                 {
-                    "basic_auth": alertmanager_auth.basic_auth(
-                        alertmanager_auth.password_path(alertmanager_dir)
-                    ),
+                    "basic_auth": basic_auth.basic_auth(basic_auth.password_path(alertmanager_dir)),
                     "file_sd_configs": [
                         {"files": [str(directory / "targets" / ALERTMANAGER_FILE)]}
                     ],
@@ -210,16 +208,25 @@ def _samples(data: object) -> list[Sample]:
 class PrometheusClient:
     """The instant-query API of any Prometheus (the project's own or a team's)."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 10.0, auth: tuple[str, str] | None = None
+    ) -> None:
+        """``auth``: the project's own Prometheus' user and password (never sent to a
+        Prometheus a run named)."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.auth = auth
 
     def _post(self, path: str, **params: str) -> requests.Response:
         try:
             # No redirects: a Prometheus named by a run must not send the query on to an
             # address its URL was checked against (a metadata service, our own servers).
             reply = requests.post(
-                f"{self.url}{path}", data=params, timeout=self.timeout_s, allow_redirects=False
+                f"{self.url}{path}",
+                data=params,
+                auth=self.auth,
+                timeout=self.timeout_s,
+                allow_redirects=False,
             )
         except requests.RequestException as exc:
             raise MetricsError(
@@ -298,6 +305,9 @@ class Prometheus(Daemon):
         self.config_path = self.directory / "prometheus.yml"
         self.pid_path = self.directory / "prometheus.pid"
         self.port_path = self.directory / "port"
+        # Its API asks for basic auth (basic_auth.py): no other local user reads the
+        # servers' traffic or queries it.
+        self.credentials = basic_auth.Credentials(self.directory, what="Prometheus")
         self.log_path = self.directory / "prometheus.log"
         self.data_dir = self.directory / "data"
         self.rules_dir = self.directory / "rules"
@@ -309,7 +319,18 @@ class Prometheus(Daemon):
 
     @property
     def client(self) -> PrometheusClient:
-        return PrometheusClient(self.url)
+        return PrometheusClient(self.url, auth=self.http_auth())
+
+    def http_auth(self) -> tuple[str, str]:
+        return self.credentials.auth
+
+    def locked(self) -> bool:
+        """It runs with the project's web config (one started by an older version runs
+        open: ``ensure_running`` restarts it)."""
+        pid = self.pid()
+        return pid is not None and processes.is_same(
+            pid, None, cmdline_has=f"--web.config.file={self.credentials.web_config_path}"
+        )
 
     def query(self, promql: str, at: float | None = None) -> list[Sample]:
         return self.client.query(promql, at)
@@ -331,9 +352,11 @@ class Prometheus(Daemon):
             if not (self.targets_dir / name).exists():
                 atomic_write_text(self.targets_dir / name, "[]\n")
         atomic_write_text(self.config_path, self.render())
+        self.credentials.ensure()
         command = [
             binary,
             f"--config.file={self.config_path}",
+            f"--web.config.file={self.credentials.web_config_path}",
             f"--storage.tsdb.path={self.data_dir}",
             f"--storage.tsdb.retention.time={RETENTION[0]}",
             f"--storage.tsdb.retention.size={RETENTION[1]}",
@@ -351,7 +374,10 @@ class Prometheus(Daemon):
 
     def ensure_running(self) -> Prometheus:
         """Start it, or give the running one the config of this version (one started by
-        an older version sent alerts to Alertmanager without its credentials)."""
+        an older version sent alerts to Alertmanager without its credentials); one running
+        open (started by an older version) is restarted locked, its TSDB kept."""
+        if self.running() and not self.locked():
+            self.stop()
         if not self.running():
             self.start()
         elif self.config_path.read_text() != self.render():
@@ -360,7 +386,7 @@ class Prometheus(Daemon):
         return self
 
     def _reload_state(self) -> tuple[float, float]:
-        text = requests.get(f"{self.url}/metrics", timeout=5).text
+        text = requests.get(f"{self.url}/metrics", auth=self.http_auth(), timeout=5).text
 
         def value(name: str, missing: float) -> float:
             try:

@@ -18,7 +18,7 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths, registry, safety
-from llm_release.canary import alertmanager, alertmanager_auth, prometheus
+from llm_release.canary import alertmanager, basic_auth, prometheus
 from llm_release.canary.publish import origin_of
 from llm_release.canary.router import Router, SlotTarget
 from llm_release.errors import ConfigError, ReleaseError, RouterError, StateError
@@ -467,7 +467,7 @@ def status() -> dict:
             "url": alerts.url,
             "running": alerts.running(),
             "notifies": urlsplit(webhook).hostname if webhook else None,
-            "user": alertmanager_auth.USERNAME,
+            "user": basic_auth.USERNAME,
             "password_file": str(alerts.credentials.password_path),
             "amtool": ["amtool", *alerts.amtool_args()],
         },

@@ -125,7 +125,7 @@ def test_the_port_setting(monkeypatch):
 def test_the_credentials_are_made_once_owner_only_and_hashed_for_alertmanager(tmp_path):
     import bcrypt
 
-    from llm_release.canary.alertmanager_auth import USERNAME, Credentials
+    from llm_release.canary.basic_auth import USERNAME, Credentials
 
     creds = Credentials(tmp_path / "alertmanager")
     creds.ensure()
@@ -156,7 +156,7 @@ def test_the_credentials_are_made_once_owner_only_and_hashed_for_alertmanager(tm
 
 
 def test_a_password_file_others_can_read_or_an_empty_one_is_refused(tmp_path):
-    from llm_release.canary.alertmanager_auth import Credentials
+    from llm_release.canary.basic_auth import Credentials
 
     creds = Credentials(tmp_path)
     creds.password()

@@ -177,3 +177,55 @@ def test_reload_reads_prometheus_own_metrics_and_says_when_it_refused(tmp_path, 
             server.reload()
     finally:
         server.stop()
+
+
+def test_its_api_asks_every_caller_for_the_projects_credentials(tmp_path, monkeypatch):
+    # Real prometheus: without the user and password (or with a wrong one) its query API,
+    # its targets, its own /metrics and even /-/ready answer 401; the project's client gets
+    # in. One started open by an older version is restarted locked by ensure_running.
+    import subprocess
+
+    import requests
+
+    from llm_release.canary import prometheus as prom
+    from llm_release.canary.basic_auth import USERNAME
+    from llm_release.serving.serve import free_port
+
+    monkeypatch.setenv(prom.PORT_ENV, "auto")
+    server = prom.Prometheus(tmp_path / "prometheus")
+    try:
+        server.start()
+        assert server.locked()
+        assert oct(server.credentials.password_path.stat().st_mode & 0o777) == "0o600"
+        for auth in (None, (USERNAME, "not-the-password")):
+            for path in ("/api/v1/query?query=up", "/api/v1/targets", "/metrics", "/-/ready"):
+                assert requests.get(f"{server.url}{path}", auth=auth, timeout=5).status_code == 401
+        assert server.query("vector(1)")[0].value == 1.0
+        assert requests.get(f"{server.url}/-/ready", auth=server.http_auth(), timeout=5).ok
+    finally:
+        server.stop()
+    # An instance an older version started open (no web config) on the same directory.
+    open_port = free_port()
+    old = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={server.config_path}",
+            f"--storage.tsdb.path={server.data_dir}",
+            f"--web.listen-address=127.0.0.1:{open_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    server.pid_path.write_text(f"{old.pid}\n")
+    server.port_path.write_text(f"{open_port}\n")
+    try:
+        again = prom.Prometheus(tmp_path / "prometheus")
+        assert again.running() and not again.locked()
+        again.ensure_running()
+        assert again.locked() and old.wait(timeout=30) is not None
+        assert requests.get(f"{again.url}/-/ready", timeout=5).status_code == 401
+    finally:
+        again.stop()
+        if old.poll() is None:
+            old.kill()

@@ -1,19 +1,20 @@
-"""The basic auth that closes the project's Alertmanager to other local users.
+"""The basic auth that closes the project's Alertmanager and Prometheus to other local users.
 
-Alertmanager listens on 127.0.0.1, which every user of the host reaches: open, its
-``/api/v2/status`` shows the config with the webhook URL (and the token it often carries),
-and anyone may silence every alert. So it is started with ``--web.config.file`` (the
-Prometheus exporter-toolkit's web config, which Alertmanager 0.25 reads): ``basic_auth_users``
-with one user, ``llm-release``, and the bcrypt hash of a password the project makes once, at
-random, in a 0600 file beside it (``<home>/alertmanager/password``). Without that user and
-password every path answers 401, ``/-/ready`` and the UI included.
+Both listen on 127.0.0.1, which every user of the host reaches. Alertmanager open shows in
+``/api/v2/status`` the config with the webhook URL (and the token it often carries), and
+anyone may silence every alert; Prometheus open gives any local user the servers' traffic
+and latencies and its whole query API. So each is started with ``--web.config.file`` (the
+Prometheus exporter-toolkit's web config, which both read): ``basic_auth_users`` with one
+user, ``llm-release``, and the bcrypt hash of a password the project makes once, at random,
+in a 0600 file beside it (``<home>/alertmanager/password``, ``<home>/prometheus/password``).
+Without that user and password every path answers 401, ``/-/ready`` and the UI included.
 
 Every caller of the project uses that one file: Prometheus (``alerting.alertmanagers[]
 .basic_auth.password_file``, read at each send), amtool (``--http.config.file`` names
 ``amtool.yml``, an HTTP client config pointing at the same file) and the project's own HTTP
-calls (``Credentials.auth``). Alertmanager re-reads its web config at each request, so a
-password made anew (the file deleted) is taken at the next start or ``ensure()`` with no
-restart.
+calls (``Credentials.auth``: readiness, reload, the canary analysis' queries). Both re-read
+their web config at each request, so a password made anew (the file deleted) is taken at
+the next start or ``ensure()`` with no restart.
 """
 
 from __future__ import annotations
@@ -39,10 +40,12 @@ PASSWORD_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,}")
 
 
 class Credentials:
-    """The user and password of the Alertmanager whose files live under ``directory``."""
+    """The user and password of the server (``what``: Alertmanager, Prometheus) whose files
+    live under ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, what: str = "Alertmanager") -> None:
         self.directory = Path(directory)
+        self.what = what
         self.password_path = self.directory / PASSWORD_FILE
         self.web_config_path = self.directory / WEB_CONFIG_FILE
         self.amtool_config_path = self.directory / AMTOOL_CONFIG_FILE
@@ -55,12 +58,12 @@ class Credentials:
             fd = os.open(self.password_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             private_file(
-                self.password_path, "Alertmanager's password file", "a file only its owner reads"
+                self.password_path, f"{self.what}'s password file", "a file only its owner reads"
             )
             password = self.password_path.read_text("utf-8").strip()
             if not PASSWORD_PATTERN.fullmatch(password):
                 raise ConfigError(
-                    f"Alertmanager's password file {self.password_path} holds no password",
+                    f"{self.what}'s password file {self.password_path} holds no password",
                     hint=f"delete {self.password_path}: the next start makes a new one",
                 ) from None
             return password
@@ -75,7 +78,7 @@ class Credentials:
         return USERNAME, self.password()
 
     def ensure(self) -> None:
-        """The password, Alertmanager's web config holding its bcrypt hash, and amtool's
+        """The password, the server's web config holding its bcrypt hash, and amtool's
         HTTP config naming the password file: each written (0600) when missing or stale."""
         password = self.password()
         if not self._web_config_matches(password):
@@ -99,7 +102,7 @@ class Credentials:
 
 
 def render_web_config(password_hash: str) -> str:
-    """Alertmanager's ``--web.config.file``: one user, its bcrypt hash."""
+    """The server's ``--web.config.file``: one user, its bcrypt hash."""
     return yaml.safe_dump({"basic_auth_users": {USERNAME: password_hash}}, sort_keys=False)
 
 
@@ -115,5 +118,5 @@ def render_http_config(password_path: Path) -> str:
 
 
 def password_path(directory: Path) -> Path:
-    """The password file of the Alertmanager whose files live under ``directory``."""
+    """The password file of the server whose files live under ``directory``."""
     return Path(directory) / PASSWORD_FILE
