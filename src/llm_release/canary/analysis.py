@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from llm_release import paths, registry
 from llm_release.canary import quality
-from llm_release.canary.prometheus import PrometheusClient, for_home
+from llm_release.canary.prometheus import Prometheus, PrometheusClient, for_home
 from llm_release.canary.quality import CHECK_PREFIX, ProbeRun, ProbeSet, SliceScore
 from llm_release.canary.router import Router
 from llm_release.config import AnalysisConfig
@@ -267,10 +268,21 @@ def prometheus_url(config: AnalysisConfig) -> str:
 def client_for(config: AnalysisConfig) -> PrometheusClient:
     """The Prometheus named by ``config.prometheus_url``, checked again (a name may resolve
     elsewhere by now), else the project's own."""
+    own = for_home()
     if config.prometheus_url is None:  # the project's own: its credentials go with it
-        own = for_home()
         return PrometheusClient(own.url, timeout_s=config.query_timeout_s, auth=own.http_auth())
-    return PrometheusClient(prometheus_url(config), timeout_s=config.query_timeout_s)
+    url = prometheus_url(config)
+    if _names_own(url, own):  # the project's own, by its loopback address and port
+        return PrometheusClient(own.url, timeout_s=config.query_timeout_s, auth=own.http_auth())
+    return PrometheusClient(url, timeout_s=config.query_timeout_s)
+
+
+def _names_own(url: str, own: Prometheus) -> bool:
+    """``url`` is the project's running Prometheus (a loopback address, its port): the
+    credentials go only to the process the project started there."""
+    parts = urlsplit(url)
+    loopback = parts.hostname in ("127.0.0.1", "localhost", "::1")
+    return loopback and parts.port == own.port and own.running() and own.locked()
 
 
 def measure(

@@ -229,3 +229,28 @@ def test_its_api_asks_every_caller_for_the_projects_credentials(tmp_path, monkey
         again.stop()
         if old.poll() is None:
             old.kill()
+
+
+def test_a_run_naming_the_projects_own_prometheus_queries_it_with_its_credentials(
+    home, monkeypatch
+):
+    # Real prometheus at the home's own directory: a run's analysis.prometheus_url naming
+    # its loopback port gets the project's credentials; any other Prometheus gets none.
+    from llm_release.canary import prometheus as prom
+    from llm_release.canary.analysis import client_for
+    from llm_release.config import AnalysisConfig
+    from llm_release.serving.serve import free_port
+
+    monkeypatch.setenv(prom.PORT_ENV, "auto")
+    server = prom.for_home()
+    try:
+        server.start()
+        own = client_for(AnalysisConfig(prometheus_url=server.url))
+        assert own.auth == server.http_auth()
+        assert own.query("vector(2)")[0].value == 2.0
+        other = client_for(AnalysisConfig(prometheus_url=f"http://127.0.0.1:{free_port()}"))
+        assert other.auth is None
+    finally:
+        server.stop()
+    # Stopped: a process on its port now would not be the project's; no credentials.
+    assert client_for(AnalysisConfig(prometheus_url=server.url)).auth is None
