@@ -17,8 +17,9 @@ fixed state per sequence). This module follows vLLM 0.32's own sizing
   count, padded) and one block of the shared pool is ``layers_per_group × page``;
 * ``num_blocks = kv_memory // bytes_per_block``;
 * a request at ``max_model_len`` needs ``cdiv(max_model_len, block_size)`` blocks of a full
-  attention group, ``cdiv(min(window − 1 + max_num_batched_tokens, max_model_len),
-  block_size) + 1`` of a sliding-window group, and 1 (2 with prefix caching, "align" mode)
+  attention group, ``cdiv(min(window − 1 + max_in_flight_tokens, max_model_len),
+  block_size) + 1`` of a sliding-window group (``max_in_flight_tokens``: two
+  ``max_num_batched_tokens`` batches with the GPU's asynchronous scheduling, one on a CPU), and 1 (2 with prefix caching, "align" mode)
   of a Mamba/GDN group, whose page is padded to the attention page;
 * max concurrency = ``num_blocks / blocks_per_request``; the "KV cache size" vLLM logs is
   ``int(max_concurrency × max_model_len)`` tokens.

@@ -83,6 +83,7 @@ def choose_max_num_seqs(plan: CapacityPlan, workload_tokens: int, cap: int) -> B
         max_num_batched_tokens=request.max_num_batched_tokens,
         enable_prefix_caching=request.enable_prefix_caching,
         gpu_memory_gib=request.gpu_memory_gib,
+        async_scheduling=request.async_scheduling,
     )
     length = max(1, min(workload_tokens, plan.max_model_len))
     full = kv_layout(plan.arch, runtime, plan.max_model_len)

@@ -29,6 +29,11 @@ class Runtime(Record):
     )
     enable_prefix_caching: bool = True
     gpu_memory_gib: float = 80.0
+    async_scheduling: bool | None = Field(
+        None,
+        description="vLLM's scheduler overlapping two steps (None: its default, on for a "
+        "GPU and off on a CPU, as vLLM 0.32 decides it for the models planned here)",
+    )
 
 
 def kv_dtype_bytes(arch: ModelArch, runtime: Runtime) -> int:
@@ -51,6 +56,19 @@ def default_batched_tokens(runtime: Runtime) -> int:
     if runtime.gpu_memory_gib >= 160:  # B200-class: arg_utils.get_batch_defaults
         return 16384
     return 8192 if runtime.gpu_memory_gib >= 70 else 2048  # (an A100-80GB gets 2048)
+
+
+def in_flight_tokens(runtime: Runtime) -> int:
+    """vLLM's ``max_in_flight_tokens`` (config/vllm.py, 0.32): the tokens scheduled but not
+    yet settled, ``max_concurrent_batches × max_num_batched_tokens``; two batches when the
+    scheduler runs asynchronously (its default on a GPU with one pipeline stage: the V1
+    runner 2, the V2 runner pipeline stages + 1), one otherwise (vLLM CPU, whose logs the
+    planner matches with one). A sliding-window layer keeps the blocks of these tokens
+    beside its window, so a GPU request holds twice the batch there."""
+    asynchronous = runtime.async_scheduling
+    if asynchronous is None:
+        asynchronous = runtime.device == "gpu"
+    return (2 if asynchronous else 1) * default_batched_tokens(runtime)
 
 
 def attn_bytes_per_token_layer(arch: ModelArch, runtime: Runtime) -> int:
@@ -132,17 +150,27 @@ def kv_layout(arch: ModelArch, runtime: Runtime, max_model_len: int) -> KvLayout
         group_size = min(counts.values())
         if max(counts.values()) < group_size * 1.5:
             group_size = max(counts.values())
-    batched = default_batched_tokens(runtime)
+    in_flight = in_flight_tokens(runtime)
     groups: list[KvGroup] = []
     for kind, n in counts.items():
         if kind == "full":
             need = math.ceil(max_model_len / block)
         elif kind == "sliding":
             assert arch.sliding_window
-            tokens = min(arch.sliding_window - 1 + batched, max_model_len)
+            # kv_cache_interface.py SlidingWindowSpec.max_admission_blocks_per_request: the
+            # window's last tokens and the in-flight ones, + 1 (the window need not start
+            # on a block boundary)
+            tokens = min(arch.sliding_window - 1 + in_flight, max_model_len)
             need = math.ceil(tokens / block) + 1
         else:
             need = 2 if runtime.enable_prefix_caching else 1  # mamba_cache_mode align / none
+        if kind == "sliding" and tokens < max_model_len:
+            notes.append(
+                f"sliding-window layers hold {tokens:,} tokens a request: the window "
+                f"({arch.sliding_window:,}) − 1 + {in_flight:,} in flight "
+                f"({in_flight // default_batched_tokens(runtime)} batch(es) of "
+                f"max_num_batched_tokens, as vLLM 0.32 reserves them)"
+            )
         for _ in range(math.ceil(n / group_size)):
             groups.append(KvGroup(kind=kind, layers=n, blocks_per_request=need))
     padded = sum(group_size * math.ceil(n / group_size) - n for n in counts.values())

@@ -51,6 +51,9 @@ class PlanRequest(Record):
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = None
     block_size: int | None = None
+    async_scheduling: bool | None = Field(
+        None, description="--async-scheduling / --no-async-scheduling; None: vLLM's default"
+    )
     non_kv_overhead_gib: float | None = Field(
         None,
         description="GPU memory per rank that is neither weights nor KV (activations, CUDA "
@@ -235,6 +238,10 @@ def request_for_serving(
     tp = _flag(args, "--tensor-parallel-size", "-tp")
     batched = _flag(args, "--max-num-batched-tokens")
     block = _flag(args, "--block-size")
+    asynchronous = None
+    for arg in args:  # the last of the pair wins, as argparse's BooleanOptionalAction
+        if arg in ("--async-scheduling", "--no-async-scheduling"):
+            asynchronous = arg == "--async-scheduling"
     try:
         return PlanRequest(
             device=device,
@@ -251,6 +258,7 @@ def request_for_serving(
             enable_prefix_caching=serving.enable_prefix_caching,
             max_num_batched_tokens=int(batched) if batched else None,
             block_size=int(block) if block else None,
+            async_scheduling=asynchronous,
         )
     except ValueError as exc:
         raise ConfigError(f"serving arguments the planner cannot read: {exc}") from exc
@@ -304,6 +312,7 @@ def plan(
             max_num_batched_tokens=request.max_num_batched_tokens,
             enable_prefix_caching=request.enable_prefix_caching,
             gpu_memory_gib=request.gpu_memory_gib,
+            async_scheduling=request.async_scheduling,
         )
         layout = kv_layout(arch, runtime, max_len)
         reasons: list[str] = [too_long] if too_long else []

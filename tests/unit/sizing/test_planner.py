@@ -169,8 +169,39 @@ def test_gemma3_style_hybrid_groups_five_sliding_to_one_full():
     assert [g.kind for g in layout.groups].count("sliding") == 5
     per_layer_token = 2 * 32 * 2 * 2
     assert layout.bytes_per_block == 2 * 16 * per_layer_token
-    sw_need = math.ceil(min(512 - 1 + 2048, 32768) / 16) + 1
+    # on a GPU vLLM schedules asynchronously: two batches of 2048 tokens in flight
+    sw_need = math.ceil(min(512 - 1 + 2 * 2048, 32768) / 16) + 1
     assert layout.blocks_per_request == math.ceil(32768 / 16) + 5 * sw_need
+    assert any("512) − 1 + 4,096 in flight (2 batch(es)" in n for n in layout.notes)
+    # --no-async-scheduling: one batch in flight, as on a CPU
+    one = kv_layout(arch, runtime.model_copy(update={"async_scheduling": False}), 32768)
+    assert one.blocks_per_request == 2048 + 5 * (math.ceil((511 + 2048) / 16) + 1)
+
+
+def test_the_sliding_groups_of_a_large_gpu_model_hold_the_window_and_two_batches():
+    # A Gemma-3-27B-like shape (62 layers, 5 sliding (1024) to 1 full, 16 KV heads × 128)
+    # at 32,768 tokens on a 141 GB GPU (max_num_batched_tokens 8192): each sliding group
+    # holds window − 1 + 2 × 8192 tokens a request (vLLM 0.32 max_in_flight_tokens), not
+    # window − 1 + 8192 (what the planner reserved before: 1.56× the requests vLLM had).
+    kinds = (["sliding_attention"] * 5 + ["full_attention"]) * 10 + ["sliding_attention"] * 2
+    arch = parse_config(
+        llama(
+            num_hidden_layers=62,
+            num_key_value_heads=16,
+            head_dim=128,
+            sliding_window=1024,
+            layer_types=kinds,
+            max_position_embeddings=131072,
+        )
+    )
+    runtime = Runtime(device="gpu", gpu_memory_gib=139.8)
+    layout = kv_layout(arch, runtime, 32768)
+    assert layout.layers_per_group == 10  # 10 full layers; 52 sliding: 6 groups, 8 padding
+    sliding = [g for g in layout.groups if g.kind == "sliding"]
+    assert len(sliding) == 6
+    assert {g.blocks_per_request for g in sliding} == {math.ceil((1023 + 16384) / 16) + 1}
+    before = 2048 + 6 * (math.ceil((1023 + 8192) / 16) + 1)
+    assert layout.blocks_per_request / before == pytest.approx(1.557, abs=0.001)
 
 
 def test_mla_keeps_one_latent_per_token_and_is_not_split_by_tp():
