@@ -19,16 +19,13 @@ the next start or ``ensure()`` with no restart.
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 from pathlib import Path
 
 import bcrypt
 import yaml
 
-from llm_release.canary.door import private_file
-from llm_release.errors import ConfigError
+from llm_release.canary.door import made_secret
 from llm_release.fileio import atomic_write_text
 
 USERNAME = "llm-release"
@@ -52,24 +49,15 @@ class Credentials:
 
     def password(self) -> str:
         """The password, made (0600, whatever the umask) the first time it is asked for; an
-        existing file must be this user's and closed to others (``door.private_file``)."""
+        existing file must be this user's and closed to others (``door.made_secret``)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(self.password_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            private_file(
-                self.password_path, f"{self.what}'s password file", "a file only its owner reads"
-            )
-            password = self.password_path.read_text("utf-8").strip()
-            if not PASSWORD_PATTERN.fullmatch(password):
-                raise ConfigError(
-                    f"{self.what}'s password file {self.password_path} holds no password",
-                    hint=f"delete {self.password_path}: the next start makes a new one",
-                ) from None
-            return password
-        password = secrets.token_urlsafe(32)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(password + "\n")
+        password, _ = made_secret(
+            self.password_path,
+            f"{self.what}'s password file",
+            lambda text: bool(PASSWORD_PATTERN.fullmatch(text)),
+            f"delete {self.password_path}: the next start makes a new one",
+            kind="password",
+        )
         return password
 
     @property

@@ -37,6 +37,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -211,23 +212,38 @@ def render_key_map(operator_keys: list[str], project_key: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def project_key(path: Path) -> str:
-    """The project's own key at ``path``, made (0600) the first time it is asked for."""
+def made_secret(
+    path: Path, setting: str, valid: Callable[[str], bool], hint: str, kind: str = "secret"
+) -> tuple[str, bool]:
+    """The secret in ``path`` and whether it was made now: made at random (0600 whatever
+    the umask) the first time; an existing file must be this user's and closed to others
+    (``private_file``) and hold what ``valid`` accepts, else ConfigError with ``hint``."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        private_file(path, "the project's API key", "a file only its owner reads")
-        key = path.read_text("utf-8").strip()
-        if not KEY_PATTERN.fullmatch(key) or len(key) < MIN_KEY_CHARS:
-            raise ConfigError(
-                f"the project's API key file {path} holds no key",
-                hint=f"delete {path}: the next router start makes a new one",
-            ) from None
-        return key
-    key = secrets.token_urlsafe(32)
+        private_file(path, setting, "a file only its owner reads")
+        secret = path.read_text("utf-8").strip()
+        if not valid(secret):
+            raise ConfigError(f"{setting} {path} holds no {kind}", hint=hint) from None
+        return secret, False
+    secret = secrets.token_urlsafe(32)
     with os.fdopen(fd, "w") as fh:
-        fh.write(key + "\n")
+        fh.write(secret + "\n")
+    return secret, True
+
+
+def project_key(path: Path) -> str:
+    """The project's own key at ``path``, made (0600) the first time it is asked for."""
+    key, made = made_secret(
+        path,
+        "the project's API key file",
+        lambda key: bool(KEY_PATTERN.fullmatch(key)) and len(key) >= MIN_KEY_CHARS,
+        f"delete {path}: the next router start makes a new one",
+        kind="key",
+    )
+    if not made:
+        return key
     logger.warning(
         "made an API key for the load balancer: %s (the demo traffic and probes send it; "
         'try: curl -H "Authorization: Bearer $(cat %s)" …)',
