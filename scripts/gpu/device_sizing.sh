@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Planner rows on the lent H200: vLLM started on a shape's config.json alone
+# (--load-format dummy, no tokenizer), stopped once it has logged its KV-cache lines.
+# Run from the repo root with the .gw bundle (scripts/gpu/build_carry.sh DEMO=1) brought by
+# device_demo.sh stash trips, the last part with this call:
+#
+#   bash scripts/gpu/device_sizing.sh SHAPE:MAX_MODEL_LEN:UTIL[:FLAGS] ...
+#
+# SHAPE is a folder of scripts/gpu/shapes/. Each start's log comes back in $OUT/<row>.log and
+# its KV lines in $OUT/sizing.jsonl, written as each start ends (a cut call keeps them).
+set -uo pipefail
+: "${OUT:=/tmp/out}"
+ROOT=$(pwd)
+mkdir -p "$OUT" /tmp/parts/gw
+T0=$(date +%s)
+log() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$OUT/steps.log"; }
+for part in .gw/part.*; do [ -f "$part" ] && cp "$part" /tmp/parts/gw/; done
+[ -f .gw/PARTS.sha256 ] && cp .gw/PARTS.sha256 /tmp/parts/gw/
+if [ ! -f /tmp/gw/.unpacked ]; then
+  (cd /tmp/parts/gw && sha256sum -c --quiet PARTS.sha256) || { log "bundle: parts missing"; exit 3; }
+  mkdir -p /tmp/gw && cat /tmp/parts/gw/part.* | xz -dc -T0 | tar -x -C /tmp/gw &&
+    touch /tmp/gw/.unpacked || { log "bundle: unpack failed"; exit 3; }
+  log "bundle: $(ls /tmp/gw/wh/*.whl | wc -l) wheels"
+fi
+if [ ! -x .venv-vllm/bin/python ]; then
+  bash scripts/setup.sh --only serving --host-torch --wheelhouse /tmp/gw/wh --vllm-deps lean \
+    > "$OUT/setup.log" 2>&1 || { log "setup failed"; tail -n 30 "$OUT/setup.log"; exit 4; }
+  log "setup: $(.venv-vllm/bin/python -c 'import vllm, torch; print(vllm.__version__, torch.__version__)')"
+fi
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
+for row in "$@"; do
+  IFS=: read -r shape len util flags <<< "$row"
+  name="${shape}-${len}-${util}${flags:+-$(echo "$flags" | tr -c 'a-z0-9' '_')}"
+  log "start $name"
+  # shellcheck disable=SC2086
+  setsid .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
+    --model "$ROOT/scripts/gpu/shapes/$shape" --load-format dummy --skip-tokenizer-init \
+    --max-model-len "$len" --gpu-memory-utilization "$util" --port 8199 $flags \
+    > "$OUT/$name.log" 2>&1 &
+  pid=$!
+  until grep -q "Maximum concurrency" "$OUT/$name.log" || ! kill -0 $pid 2>/dev/null; do sleep 2; done
+  kill -- -$pid 2>/dev/null; sleep 3; kill -9 -- -$pid 2>/dev/null; wait $pid 2>/dev/null
+  line=$(grep -E "KV cache size|Maximum concurrency|Available KV cache memory|GPU blocks" "$OUT/$name.log" | tr '\n' ' ' | cut -c1-900)
+  printf '{"row": "%s", "shape": "%s", "max_model_len": %s, "gpu_memory_utilization": %s, "flags": "%s", "lines": "%s"}\n' \
+    "$name" "$shape" "$len" "$util" "$flags" "$(echo "$line" | tr -d '"\\')" >> "$OUT/sizing.jsonl"
+  log "done $name: $(grep -o 'KV cache size: [0-9,]* tokens' "$OUT/$name.log" | head -1)"
+done
