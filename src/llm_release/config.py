@@ -453,14 +453,41 @@ class EvalConfig(StrictModel):
         return [_set_name(v, "eval set") for v in value]
 
 
+class SharedPrefix(StrictModel):
+    """What the traffic's prompts share: a system prompt or a knowledge-base passage that
+    many requests start with (what vLLM's prefix caching saves recomputing). GuideLLM's
+    synthetic data is shaped so (its ``prefix_buckets``)."""
+
+    tokens: int = Field(
+        ge=1, le=131_072, description="tokens of the shared prefix (a system prompt: 200-2000)"
+    )
+    share: float = Field(
+        1.0, gt=0, le=1, description="the fraction of requests that start with a shared prefix"
+    )
+    distinct: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="how many different prefixes the requests share (1: one system prompt for "
+        "all; more: several assistants or knowledge-base passages)",
+    )
+
+
 class LoadProfile(StrictModel):
     """GuideLLM sweep. CPU-sized by default; use [10, 50, 100] on a GPU host."""
 
     concurrencies: list[int] = Field(default_factory=lambda: [1, 4])
     requests_per_level: int = Field(8, ge=1)
-    prompt_tokens: int = Field(128, ge=1)
+    prompt_tokens: int = Field(
+        128, ge=1, description="each request's own tokens (after its shared prefix, if any)"
+    )
     output_tokens: int = Field(32, ge=1)
     max_seconds_per_level: float = Field(300, gt=0)
+    shared_prefix: SharedPrefix | None = Field(
+        None,
+        description="None: prompts that share nothing (random text); else the prefix the "
+        "traffic shares, and the report shows vLLM's prefix-cache hit rate at each level",
+    )
 
     @field_validator("concurrencies")
     @classmethod

@@ -102,6 +102,11 @@ class LoadLevel(Record):
     goodput_rps: float | None = Field(
         None, description="GuideLLM's request goodput: requests/s that met the SLO"
     )
+    prefix_cache_hit_rate: float | None = Field(
+        None,
+        description="the share of prompt tokens vLLM found in its prefix cache during the "
+        "level (its vllm:prefix_cache_hits / queries counters); None when not read",
+    )
 
 
 class Slo(Record):

@@ -1,9 +1,10 @@
-"""GuideLLM against a real vLLM endpoint: a single-level sweep, and a level cut by its time
-limit, which is reported as such and not run again."""
+"""GuideLLM against a real vLLM endpoint: a single-level sweep, a level cut by its time
+limit, which is reported as such and not run again, and traffic sharing a system prompt,
+whose prefix-cache hit rate vLLM's counters give."""
 
 import pytest
 
-from llm_release.config import LoadProfile, ServingConfig
+from llm_release.config import LoadProfile, ServingConfig, SharedPrefix
 from llm_release.load.loadtest import run_load_test
 from llm_release.serving.serve import VllmServer
 
@@ -34,7 +35,28 @@ def test_load_levels_are_measured_and_time_limits_reported(tmp_path, tiny_model_
             tmp_path / "cut",
         )
 
+        # Traffic whose prompts start with one 512-token system prompt: vLLM finds it in
+        # its prefix cache (blocks of 128 tokens on a CPU) for all but the first requests.
+        shared = run_load_test(
+            server.base_url,
+            "tiny",
+            tiny_model_dir,
+            LoadProfile(
+                concurrencies=[1],
+                requests_per_level=6,
+                prompt_tokens=16,
+                output_tokens=4,
+                shared_prefix=SharedPrefix(tokens=512),
+            ),
+            tmp_path / "shared",
+        )
+
+    (level,) = shared.levels
+    assert level.requests == 6 and level.prefix_cache_hit_rate is not None
+    assert level.prefix_cache_hit_rate > 0.5, level
     (level,) = full.levels
+    # random prompts share at most the chat template's first tokens: less than a block
+    assert level.prefix_cache_hit_rate is not None and level.prefix_cache_hit_rate < 0.2, level
     assert (level.concurrency, level.requests, level.errors) == (3, 6, 0)
     assert level.ttft_p95_ms > 0 and level.output_tokens_per_s > 0
     assert full.notes == []

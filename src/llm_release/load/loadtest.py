@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 from llm_release.config import Gates, LoadProfile
 from llm_release.errors import LoadTestError
 from llm_release.hub.credentials import child_env
+from llm_release.load import prefix_cache
+from llm_release.load.prefix_cache import CacheSampler
 from llm_release.results import Goodput, LoadLevel, LoadResult, Slo
 
 if TYPE_CHECKING:
@@ -89,6 +91,33 @@ def slo_metrics(slo: Slo | None) -> list[str]:
     return ["--metrics", json.dumps({"kind": "generative", "slo": objectives})]
 
 
+def data_arg(profile: LoadProfile) -> str:
+    """GuideLLM's ``--data``: synthetic text of the profile's lengths; with a shared prefix,
+    its ``prefix_buckets`` (guidellm/schemas/data/deserializers/synthetic.py): ``share`` of
+    the requests start with one of ``distinct`` prefixes of ``tokens`` tokens, the rest
+    with none."""
+    prefix = profile.shared_prefix
+    if prefix is None:
+        return (
+            f"kind=synthetic_text,prompt_tokens={profile.prompt_tokens},"
+            f"output_tokens={profile.output_tokens}"
+        )
+    shared = min(100, max(1, round(prefix.share * 100)))  # GuideLLM's weights: whole numbers
+    buckets = [
+        {"bucket_weight": shared, "prefix_count": prefix.distinct, "prefix_tokens": prefix.tokens}
+    ]
+    if shared < 100:
+        buckets.append({"bucket_weight": 100 - shared, "prefix_count": 1, "prefix_tokens": 0})
+    return json.dumps(
+        {
+            "kind": "synthetic_text",
+            "prompt_tokens": profile.prompt_tokens,
+            "output_tokens": profile.output_tokens,
+            "prefix_buckets": buckets,
+        }
+    )
+
+
 def build_command(
     base_url: str,
     served_name: str,
@@ -110,8 +139,7 @@ def build_command(
         "--tokenizer",
         f"kind=hf_auto,model={tokenizer_dir}",
         "--data",
-        f"kind=synthetic_text,prompt_tokens={profile.prompt_tokens},"
-        f"output_tokens={profile.output_tokens}",
+        data_arg(profile),
         "--profile",
         f"kind=concurrent,streams={profile.concurrencies[0]}",
         "--override",
@@ -245,6 +273,7 @@ def _run_guidellm(
     *,
     slo: Slo | None = None,
     cpus: list[int] | None = None,
+    cache: CacheSampler | None = None,
 ) -> list[LoadLevel]:
     cmd = pinned(
         build_command(
@@ -275,9 +304,24 @@ def _run_guidellm(
     if proc.returncode != 0 or not report_path.exists():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise LoadTestError(f"GuideLLM exited with {proc.returncode}; log tail:\n{tail}")
-    levels = parse_report(read_report(report_path), profile.requests_per_level)
+    report = read_report(report_path)
+    levels = parse_report(report, profile.requests_per_level)
     if not levels:
         raise LoadTestError(f"GuideLLM wrote no benchmark into {report_path}")
+    if cache is not None:
+        cache.take()  # the counters after the last request of the last level
+        levels = [
+            level.model_copy(
+                update={
+                    "prefix_cache_hit_rate": prefix_cache.hit_rate(
+                        cache.readings,
+                        bench.scheduler_metrics.request_start_time,
+                        bench.scheduler_metrics.request_end_time,
+                    )
+                }
+            )
+            for level, bench in zip(levels, report.benchmarks, strict=True)
+        ]
     return levels
 
 
@@ -302,35 +346,40 @@ def run_load_test(
     measured: dict[int, LoadLevel] = {}
     pending = list(profile.concurrencies)
     attempt = 0
-    while pending and attempt < max_attempts:
-        attempt += 1
-        suffix = "" if attempt == 1 else f"-attempt{attempt}"
-        sweep = profile.model_copy(update={"concurrencies": pending})
-        for level in _run_guidellm(
-            base_url,
-            served_name,
-            tokenizer_dir,
-            sweep,
-            out_dir / f"guidellm{suffix}.json",
-            out_dir / f"guidellm{suffix}.log",
-            request_body=request_body,
-            slo=slo,
-            cpus=cpus,
-        ):
-            kept = measured.get(level.concurrency)
-            if kept is None or level.requests > kept.requests:
-                measured[level.concurrency] = level
-        missing = [c for c in pending if c not in measured]
-        pending = sorted(missing + short_levels([measured[c] for c in pending if c in measured]))
-        if pending and attempt < max_attempts:
-            log.warning(
-                "%s: GuideLLM closed concurrency %s before all %d requests were recorded; "
-                "running %s again",
+    # vLLM's prefix-cache counters read while GuideLLM runs: each level's hit rate
+    with CacheSampler(base_url) as cache:
+        while pending and attempt < max_attempts:
+            attempt += 1
+            suffix = "" if attempt == 1 else f"-attempt{attempt}"
+            sweep = profile.model_copy(update={"concurrencies": pending})
+            for level in _run_guidellm(
+                base_url,
                 served_name,
-                pending,
-                profile.requests_per_level,
-                "it" if len(pending) == 1 else "them",
+                tokenizer_dir,
+                sweep,
+                out_dir / f"guidellm{suffix}.json",
+                out_dir / f"guidellm{suffix}.log",
+                request_body=request_body,
+                slo=slo,
+                cpus=cpus,
+                cache=cache,
+            ):
+                kept = measured.get(level.concurrency)
+                if kept is None or level.requests > kept.requests:
+                    measured[level.concurrency] = level
+            missing = [c for c in pending if c not in measured]
+            pending = sorted(
+                missing + short_levels([measured[c] for c in pending if c in measured])
             )
+            if pending and attempt < max_attempts:
+                log.warning(
+                    "%s: GuideLLM closed concurrency %s before all %d requests were recorded; "
+                    "running %s again",
+                    served_name,
+                    pending,
+                    profile.requests_per_level,
+                    "it" if len(pending) == 1 else "them",
+                )
     never = [c for c in profile.concurrencies if c not in measured]
     if never:
         raise LoadTestError(

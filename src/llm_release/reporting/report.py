@@ -289,7 +289,7 @@ def load_section(results: list[CandidateResult], decision: Decision) -> list[str
         ]
     headers = ["candidate", "concurrency", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms"]
     headers += ["ITL p50 ms", "ITL p95 ms", "output tok/s", "SLO attainment"]
-    headers += ["conforming req/s", "SLO"]
+    headers += ["conforming req/s", "prefix-cache hits", "SLO"]
     rows = []
     for r in results:
         good = verdicts[r.name].goodput if r.name in verdicts else None
@@ -317,6 +317,7 @@ def load_section(results: list[CandidateResult], decision: Decision) -> list[str
                     f"{lv.output_tokens_per_s:.1f}",
                     _fmt(lv.slo_attainment, ".0%"),
                     _fmt(lv.goodput_rps, ".2f"),
+                    _fmt(lv.prefix_cache_hit_rate, ".0%"),
                     mark,
                 ]
             )

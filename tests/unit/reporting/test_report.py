@@ -189,14 +189,20 @@ def test_the_load_curve_marks_each_candidates_goodput_against_the_slo():
     assert decision.winner == "steady"
     assert "Goodput: the highest concurrency whose TTFT p95 ≤ 3000 ms, ITL p95 ≤ 250 ms" in text
     level_cells = ["8", "0", "100", "200", "30.0"]
-    fast_1 = ["fast", "1", *level_cells, "40.0", "30.0", "100%", "0.75", "**goodput**"]
+    # the prefix-cache hit rate column: "—" where vLLM's counters were not read
+    fast_1 = ["fast", "1", *level_cells, "40.0", "30.0", "100%", "0.75", "—", "**goodput**"]
     assert fast_1 in rows(text)
     assert has_row(
-        text, "fast", "4", *level_cells, "400.0", "90.0", "25%", "0.75", "missed: ITL p95"
+        text, "fast", "4", *level_cells, "400.0", "90.0", "25%", "0.75", "—", "missed: ITL p95"
     )
-    steady_4 = ["steady", "4", *level_cells, "60.0", "70.0", "—", "—", "**goodput**"]
+    steady_4 = ["steady", "4", *level_cells, "60.0", "70.0", "—", "—", "—", "**goodput**"]
     assert steady_4 in rows(text)
-    assert ["steady", "1", *level_cells, "40.0", "25.0", "—", "—", "met"] in rows(text)
+    assert ["steady", "1", *level_cells, "40.0", "25.0", "—", "—", "—", "met"] in rows(text)
+    # a level whose hit rate was read shows it
+    results[2].load.levels[0].prefix_cache_hit_rate = 0.625
+    assert ["steady", "1", *level_cells, "40.0", "25.0", "—", "—", "62%", "met"] in rows(
+        render(results, decision)
+    )
     # the candidates table has the goodput column
     header = next(row for row in rows(text) if row[0] == "verdict")
     assert "goodput_streams" in header
