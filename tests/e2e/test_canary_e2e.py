@@ -20,8 +20,11 @@ import psutil
 import pytest
 import requests
 
+from demo.hub_server import HubServer
 from llm_release import paths, registry
 from llm_release.canary import promote
+from llm_release.config import SourceConfig
+from llm_release.hub.acquire import TransferSettings, acquire, verify_dir
 from llm_release.load.traffic import Traffic
 from llm_release.serving import processes, supervise
 from tests.helpers import answer_paused_run
@@ -32,6 +35,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 # get a wide tolerance: both servers share two cores with everything else here, and the
 # p95 of ~15 requests is their slowest one (a healthy canary measured 1.98 s against the
 # stable's 0.64 s in one such window, under load from other jobs).
+PUBLISH_REPO = "acme/tiny-canary"
+PUBLISH_TOKEN = "hf_WriteTokenOfThePublishHubOnly"
 ROLLOUT = {
     "steps": [25, 50, 100],
     "windows_per_step": 1,
@@ -295,17 +300,40 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     assert slice_name in after.history[-1]["reason"], after.history[-1]
 
     # A healthy canary: both windows pass, the flow pauses for approval, a person approves.
+    # It serves from one of the project's own model folders, so at 100% the flow publishes
+    # it to the operator's hub: a real hub that asks for its write token.
+    healthy_dir = paths.models_dir() / "tests--tiny-llama" / ("healthy" * 6)[:40]
+    shutil.copytree(tiny_model_dir, healthy_dir)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_REPO", PUBLISH_REPO)
+    monkeypatch.setenv("LLM_RELEASE_PUBLISH_TOKEN", PUBLISH_TOKEN)
     state = promote.deploy(
         None,
-        target("healthy", tiny_model_dir),
+        target("healthy", healthy_dir),
         public_name="tiny",
         canary_weight=config.first_weight,
     )
     healthy_id = state.canary.release_id
-    approver = answer_paused_run(True, "two clean windows")
-    out = canary_rollout(config, slo_ttft_p95_s=120)
-    approver.join(timeout=30)
-    assert out.status == "promoted", out.reason
+    with HubServer(tmp_path / "publish-hub", token=PUBLISH_TOKEN) as publish_hub:
+        monkeypatch.setenv("LLM_RELEASE_PUBLISH_ENDPOINT", publish_hub.url)
+        approver = answer_paused_run(True, "two clean windows")
+        out = canary_rollout(config, slo_ttft_p95_s=120)
+        approver.join(timeout=30)
+        assert out.status == "promoted", out.reason
+        # Published by the flow's own step: on the record, and on the hub at that commit,
+        # every file proven by the project's download path.
+        event = registry.load().history[-1]
+        assert (event["event"], event["release"], event["repo"]) == (
+            "publish",
+            healthy_id,
+            PUBLISH_REPO,
+        ), event
+        acquired = acquire(
+            SourceConfig(repo_id=PUBLISH_REPO, revision=event["commit"], endpoint=publish_hub.url),
+            settings=TransferSettings(workers=2, stall_timeout_s=5.0, max_attempts=2),
+        )
+        assert acquired.commit == event["commit"] and verify_dir(acquired.model_dir) == []
+        for name in ("config.json", "model.safetensors.index.json", "README.md"):
+            assert (acquired.model_dir / name).is_file(), name
     # Each step ends on a passing window; none failed (a thin window may be inconclusive).
     verdicts = [(w.weight, w.verdict.verdict) for w in out.windows]
     assert (25, "pass") in verdicts and verdicts[-1] == (50, "pass"), verdicts

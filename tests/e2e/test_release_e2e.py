@@ -327,3 +327,27 @@ def test_release_end_to_end(
 
     cli("down")
     assert vllm_processes(under=home) == []
+
+    # After a reboot (or 'down'), 'llm-release up' brings the record's stable back: a real
+    # vLLM under its supervisor, behind the door. No key and a wrong key are refused before
+    # vLLM; the project's key gets the real model's answer.
+    cli("up")
+    status = json.loads(cli("canary", "status", "--json"))
+    [stable] = status["releases"]
+    assert (stable["role"], stable["release_id"]) == ("stable", state.stable.release_id)
+    assert len(vllm_processes(under=home)) == 1, vllm_processes(under=home)
+    url = f"{status['lb_url']}/v1/chat/completions"
+    body = {
+        "model": state.stable.public_name,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 4,
+    }
+    for refused in ({}, {"Authorization": "Bearer wrong-key-0123456789abcdef"}):
+        reply = requests.post(url, json=body, headers=refused, timeout=30)
+        assert reply.status_code == 401, (refused, reply.status_code, reply.text[:200])
+    answer = requests.post(url, json=body, headers=lb_headers(status), timeout=300)
+    assert answer.status_code == 200, answer.text[:300]
+    assert answer.json()["choices"][0]["message"]["role"] == "assistant"
+    assert answer.json()["model"] == state.stable.public_name
+    cli("down")
+    assert vllm_processes(under=home) == []
