@@ -27,7 +27,7 @@ from llm_release.registry import RegistryState, Release
 from llm_release.results import DeployTarget
 from llm_release.serving import backends, processes
 from llm_release.serving.factory import start_detached
-from llm_release.serving.serve import Endpoint, Owner, free_port, stop_process_group
+from llm_release.serving.serve import Endpoint, Owner, stop_process_group
 from llm_release.settings import settings
 
 # How often a drain looks at the in-flight counts (HAProxy's socket and vLLM's /metrics).
@@ -86,7 +86,7 @@ def _start_release(target: DeployTarget, public_name: str, role: str) -> Release
         [public_name, release_id],
         target.serving,
         log_path,
-        port=free_port(),
+        # picked by the server: one another server binds first is picked again
         owner=Owner(role=role, release_id=release_id, candidate=target.candidate),
     )
     return Release(
@@ -124,7 +124,6 @@ def _restart(release: Release, role: str = "stable") -> Release:
         [release.public_name, release.release_id],
         release.serving,
         Path(release.log_path),
-        port=free_port(),
         owner=Owner(role=role, release_id=release.release_id, candidate=release.candidate),
     )
     return release.model_copy(update=_server_identity(endpoint))

@@ -42,7 +42,12 @@ LOG_TAIL_LINES = 40
 # its start, once its imports are done; CI, 2026-12-02: "Address already in use" for a
 # candidate while the other pytest worker started its own servers). A server whose port was
 # picked, not given, is started again on a new pick; the docker daemon says it its own way.
-PORT_TAKEN = re.compile(r"(?i)Address already in use|port is already allocated")
+# A port can also be bound first by another server while ours is still importing: /health
+# then answers 200 for that one (CI, 2026-12-04: a release's first completion got the other
+# worker's vLLM, "model `tiny-llama` does not exist"), so a healthy port must list our names.
+PORT_TAKEN = re.compile(
+    r"(?i)Address already in use|port is already allocated|answers for another server"
+)
 PORT_RETRIES = 2
 
 # (pattern in the server log, what it most likely means)
@@ -536,6 +541,7 @@ class Server(ABC):
             except requests.RequestException:
                 healthy = False
             if healthy:
+                self._check_names()
                 self._answer_once(deadline)
                 return self.endpoint()
             time.sleep(1)
@@ -547,6 +553,21 @@ class Server(ABC):
             log_tail=tail,
             hint="raise serving.startup_timeout_s if the machine is slow (first start compiles)",
         )
+
+    def _check_names(self) -> None:
+        """The server answering on our port serves our names (``/v1/models``); another's
+        answer means another server bound the port first: ServeError, a taken port."""
+        try:
+            reply = requests.get(f"{self.base_url}/v1/models", timeout=10)
+            ids = {m.get("id") for m in reply.json().get("data", []) if isinstance(m, dict)}
+        except (requests.RequestException, ValueError, AttributeError):
+            return  # no list to compare: the first completion below tells
+        if reply.status_code == 200 and not set(self.served_names) <= ids:
+            raise ServeError(
+                f"port {self.port} answers for another server (models "
+                f"{sorted(str(i) for i in ids)[:5]}, not {self.served_names}): it bound the "
+                "port before this one could"
+            )
 
     def _answer_once(self, deadline: float) -> None:
         """Ready means answering: /health can say 200 while the first request kills the

@@ -90,3 +90,42 @@ def test_the_diagnosis_reads_only_this_starts_output(tmp_path):
         fh.write("second start\ntorch.OutOfMemoryError: CUDA out of memory\n")
     assert "second start" in server.log_text() and "first start" not in server.log_text()
     assert "out of memory" in serve.diagnose(server.log_text())
+
+
+def test_a_port_that_another_server_answers_on_is_a_taken_port(tmp_path, picks):
+    """vLLM binds ~25 s after its start: another server can bind the picked port first and
+    answer /health for it (CI, 2026-12-04). Its /v1/models does not list our names: that is
+    a taken port, picked again; our own names pass."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    served = {"ids": ["tiny-qwen3-moe", "baseline-e6741202-20261204225320"]}
+
+    class Models(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body = json.dumps({"data": [{"id": i} for i in served["ids"]]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        server = ScriptedServer(tmp_path, [], port=other.server_address[1])
+        with pytest.raises(ServeError, match="answers for another server") as caught:
+            server._check_names()
+        assert Server._port_taken(caught.value)
+        served["ids"] = ["m"]
+        server._check_names()  # ours
+    finally:
+        other.shutdown()
+        other.server_close()
+    # such a start is picked again like a bind that failed
+    foreign = "port 21000 answers for another server (models ['x']): it bound the port first"
+    again = ScriptedServer(tmp_path, [foreign, None])
+    assert again.start_healthy().port == 21001
