@@ -562,7 +562,8 @@ class Server(ABC):
             ids = {m.get("id") for m in reply.json().get("data", []) if isinstance(m, dict)}
         except (requests.RequestException, ValueError, AttributeError):
             return  # no list to compare: the first completion below tells
-        if reply.status_code == 200 and not set(self.served_names) <= ids:
+        # (an empty list says nothing: only a list of other names is another server's)
+        if reply.status_code == 200 and ids and not set(self.served_names) <= ids:
             raise ServeError(
                 f"port {self.port} answers for another server (models "
                 f"{sorted(str(i) for i in ids)[:5]}, not {self.served_names}): it bound the "
