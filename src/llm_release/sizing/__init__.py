@@ -30,7 +30,8 @@ workspaces) is an estimate here, to be corrected from vLLM's own logs. On CPU th
 memory is exactly ``VLLM_CPU_KVCACHE_SPACE`` GiB and the block size is 128 (16 for MLA).
 
 The room: ``architecture`` (config.json, bounded), ``kv`` (vLLM's KV math), ``weights``,
-``planner`` (the plan for a request), ``formatting`` (the table); ``corrections`` (what
+``cudagraphs`` (vLLM's CUDA-graph capture sizes and their memory), ``planner`` (the plan
+for a request), ``formatting`` (the table); ``corrections`` (what
 earlier starts taught about vLLM's non-KV memory) and ``vllm_report`` (vLLM's own figures
 from its log). Imports only the package's base modules (errors, paths, fileio, config,
 hardware); every other stage may import it. The planner's public names are importable from
@@ -62,6 +63,11 @@ from llm_release.sizing.architecture import (
     Record,
     load_config_json,
     parse_config,
+)
+from llm_release.sizing.cudagraphs import (
+    CudaGraphs,
+    capture_sizes,
+    cuda_graphs,
 )
 from llm_release.sizing.formatting import (
     format_plan,
@@ -127,6 +133,9 @@ __all__ = [
     "TORCH_DTYPE_BYTES",
     "load_config_json",
     "parse_config",
+    "CudaGraphs",
+    "capture_sizes",
+    "cuda_graphs",
     "format_plan",
     "KvCapacity",
     "KvGroup",

@@ -20,11 +20,12 @@ blocks"). So the choice is the largest count, at most vLLM's default, for which
 * every admitted sequence of the workload's length has its blocks (no preemption at the
   length the release is sized for),
 * one sequence of ``max_model_len`` still fits (the plan's own check), and
-* both hold after the sampler's profile memory for that many rows, beyond what the plan
-  already counts (it counts ``PLANNED_SAMPLER_ROWS``): ``SAMPLER_BYTES_PER_LOGIT`` per row
-  and vocabulary entry, above the 5.7 B measured between 29 and 178 rows on the H200
-  (Qwen3-30B-A3B shape, V1 model runner: its logits in the model dtype and in float32,
-  the softmax and the exponential noise of ``_dummy_sampler_run``).
+* both hold after the memory vLLM's profile takes for that many sequences beyond what the
+  plan already counts for its own ``max_num_seqs``: the sampler's rows
+  (``planner.sampler_bytes``: ``SAMPLER_BYTES_PER_LOGIT`` per row and vocabulary entry
+  beyond the ``PLANNED_SAMPLER_ROWS`` the estimate was fit with, above the 5.7 B measured
+  between 29 and 178 rows on the H200) and the CUDA graphs of its capture sizes
+  (``cudagraphs.py``: more sequences, more sizes, more graphs up to vLLM's capture ceiling).
 
 A hybrid model's state blocks come from the same pool, so the first rule keeps
 ``max_num_seqs`` below them.
@@ -37,22 +38,20 @@ import math
 from pydantic import Field
 
 from llm_release.sizing.architecture import Record
-from llm_release.sizing.kv import Runtime, kv_layout
-from llm_release.sizing.planner import CapacityPlan
-
-# vLLM's default max_num_seqs for its OpenAI server (engine/arg_utils.py get_batch_defaults,
-# 0.26 and 0.32): 1,024 on a GPU of at least 70 GiB that is not an A100, 256 otherwise.
-VLLM_DEFAULT_SEQS_LARGE_GPU = 1024
-VLLM_DEFAULT_SEQS = 256
-# the sampler rows the planner's overhead estimate already holds (planner.estimate_overhead_bytes)
-PLANNED_SAMPLER_ROWS = 256
-SAMPLER_BYTES_PER_LOGIT = 8
-
-
-def vllm_default_max_num_seqs(gpu_memory_gib: float, gpu_name: str = "") -> int:
-    if gpu_memory_gib >= 70 and "a100" not in gpu_name.lower():
-        return VLLM_DEFAULT_SEQS_LARGE_GPU
-    return VLLM_DEFAULT_SEQS
+from llm_release.sizing.cudagraphs import (  # noqa: F401 (re-exported: the batch defaults)
+    VLLM_DEFAULT_SEQS,
+    VLLM_DEFAULT_SEQS_LARGE_GPU,
+    vllm_default_max_num_seqs,
+)
+from llm_release.sizing.kv import Runtime, default_batched_tokens, kv_layout
+from llm_release.sizing.planner import (  # noqa: F401 (re-exported)
+    PLANNED_SAMPLER_ROWS,
+    SAMPLER_BYTES_PER_LOGIT,
+    CapacityPlan,
+    request_graphs,
+    sampler_bytes,
+    sampler_profile_rows,
+)
 
 
 class BatchChoice(Record):
@@ -69,6 +68,29 @@ def sampler_blocks(seqs: int, vocab: int, bytes_per_block: int) -> int:
     """Blocks the sampler's profile memory takes beyond the plan's own allowance."""
     extra = max(0, seqs - PLANNED_SAMPLER_ROWS) * vocab * SAMPLER_BYTES_PER_LOGIT
     return math.ceil(extra / bytes_per_block) if extra else 0
+
+
+def seqs_bytes(plan: CapacityPlan, runtime: Runtime, seqs: int | None) -> int:
+    """The part of the plan's non-KV memory that follows max_num_seqs (sampler rows and
+    CUDA graphs, before the learned factor) at ``seqs`` (None: as the plan's default)."""
+    request = plan.request.model_copy(update={"max_num_seqs": seqs})
+    batched = default_batched_tokens(runtime)
+    tp = runtime.tensor_parallel_size
+    rows = sampler_profile_rows(request, batched)
+    graphs = request_graphs(plan.arch, request, runtime)
+    return sampler_bytes(rows, plan.arch.vocab_size, tp) + graphs.bytes
+
+
+def extra_blocks(plan: CapacityPlan, runtime: Runtime, seqs: int, bytes_per_block: int) -> int:
+    """Blocks a server of ``seqs`` sequences takes beyond what the plan counted for its own
+    max_num_seqs (0 where it takes less: the plan's blocks are kept, erring safe)."""
+    if plan.request.device != "gpu" or plan.request.non_kv_overhead_gib is not None:
+        return 0
+    factor = plan.request.non_kv_overhead_factor
+    extra = (
+        seqs_bytes(plan, runtime, seqs) - seqs_bytes(plan, runtime, plan.request.max_num_seqs)
+    ) * factor
+    return math.ceil(extra / bytes_per_block) if extra > 0 else 0
 
 
 def choose_max_num_seqs(plan: CapacityPlan, workload_tokens: int, cap: int) -> BatchChoice:
@@ -91,7 +113,7 @@ def choose_max_num_seqs(plan: CapacityPlan, workload_tokens: int, cap: int) -> B
     blocks = option.num_blocks
 
     def holds(seqs: int) -> bool:
-        left = blocks - sampler_blocks(seqs, plan.arch.vocab_size, full.bytes_per_block)
+        left = blocks - extra_blocks(plan, runtime, seqs, full.bytes_per_block)
         return left >= full.blocks_per_request and left >= seqs * work.blocks_per_request
 
     lo, hi = 0, max(1, cap)

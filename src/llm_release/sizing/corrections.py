@@ -150,10 +150,14 @@ def learned(version: str | None, path: Path | None = None) -> Correction | None:
 
 
 def apply(request: PlanRequest, version: str | None, path: Path | None = None) -> PlanRequest:
-    """``request`` with the learned factor for ``version`` (unchanged on CPU, where there is
-    no non-KV term, or when an explicit overhead was given)."""
+    """``request`` with the learned factor for ``version`` and the version itself (whose
+    CUDA-graph rule the planner follows); unchanged on CPU, where there is no non-KV term,
+    or when an explicit overhead was given."""
     if request.device != "gpu" or request.non_kv_overhead_gib is not None:
         return request
+    request = request.model_copy(
+        update={"vllm_version": normalize_version(version) or request.vllm_version}
+    )
     correction = learned(version, path)
     if correction is None:
         note = f"no learned correction for vLLM {normalize_version(version) or '?'} yet"

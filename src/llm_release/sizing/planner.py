@@ -11,6 +11,12 @@ from pydantic import Field
 
 from llm_release.errors import ConfigError
 from llm_release.sizing.architecture import TORCH_DTYPE_BYTES, GiB, ModelArch, Record
+from llm_release.sizing.cudagraphs import (
+    GPU_CUDA_GRAPH_ESTIMATE_GIB,
+    CudaGraphs,
+    cuda_graphs,
+    vllm_default_max_num_seqs,
+)
 from llm_release.sizing.kv import (
     Runtime,
     default_batched_tokens,
@@ -50,6 +56,24 @@ class PlanRequest(Record):
     )
     enable_prefix_caching: bool = True
     max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM --max-num-seqs: its CUDA-graph capture sizes and its sampler's "
+        "profile rows. None: vLLM's default for the GPU (1,024 on ≥ 70 GiB) for the graphs and "
+        "the planner's fitted sampler allowance (PLANNED_SAMPLER_ROWS)",
+    )
+    enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")
+    vllm_version: str | None = Field(
+        None,
+        description="the serving vLLM's version (corrections.apply sets it): which model "
+        "runners subtract a CUDA-graph estimate. None: the pinned 0.32's rule",
+    )
+    unmodelled: list[str] = Field(
+        default_factory=list,
+        description="serving settings that move vLLM's memory and the planner does not "
+        "model (request_for_serving fills it); each is named in the plan's notes",
+    )
     block_size: int | None = None
     async_scheduling: bool | None = Field(
         None, description="--async-scheduling / --no-async-scheduling; None: vLLM's default"
@@ -73,6 +97,9 @@ class TpOption(Record):
     weights_per_gpu_bytes: int
     overhead_per_gpu_bytes: int
     kv_memory_per_gpu_bytes: int
+    cuda_graph_bytes: int = Field(
+        0, description="the CUDA-graph estimate within overhead_per_gpu_bytes (uncorrected)"
+    )
     kv_bytes_per_token: int = Field(description="attention layers only, one rank")
     state_bytes_per_sequence: int
     block_size: int
@@ -144,9 +171,12 @@ def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
 
 # vLLM's non-KV GPU memory beyond the weights (gpu_worker.determine_available_memory, 0.26):
 # the torch peak of its profile run, the non-torch memory that grew meanwhile (cuBLAS/NCCL
-# workspaces) and, on the V1 model runner only, its estimate of the CUDA graphs' memory.
+# workspaces) and its estimate of the CUDA graphs' memory (sizing/cudagraphs.py).
 # vLLM 0.26 runs dense models on the V2 runner (no graph estimate subtracted) and MoE and
 # hybrid models on the V1 runner (vllm/config/vllm.py: _is_default_v2_model_runner_model).
+# vLLM 0.32 runs every model planned here on the V2 runner (use_v2_model_runner), and that
+# runner subtracts an estimate too (v1/worker/gpu/cudagraph_utils.py
+# profile_cudagraph_memory): see graphs_subtracted().
 # Measured through the project's servers on the H200 at DEBUG (docs/gpu-serving-2026-12-01
 # and -12-02 .jsonl; docs/sizing-and-tuning.md has the table):
 #   dense (SmolLM2 135M, Llama 2.45B bf16/FP8/W4A16): non-torch 0.22 GiB, no graph estimate;
@@ -155,26 +185,90 @@ def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
 #     graph estimate 0.40 / 0.51 GiB, torch peak 1.23 / 1.64 GiB.
 GPU_NON_TORCH_GIB = 0.22
 GPU_NON_TORCH_MOE_GIB = 0.24
-# the V1 runner's CUDA graph estimate (first capture + per-graph, 0.40 and 0.51 GiB measured)
-GPU_CUDA_GRAPH_ESTIMATE_GIB = 0.45
 # what the MoE and hybrid torch peaks hold beyond the hidden states, logits, fused-MoE
 # workspaces and GDN projections below: 0.5 GiB on both measured shapes, not attributed to a
 # tensor yet (a fitted constant, the one in this model; checked again with each GPU record).
 GPU_MOE_PEAK_RESIDUAL_GIB = 0.5
+# vLLM's sampler profile (gpu_model_runner._dummy_sampler_run after _dummy_run of
+# max_num_batched_tokens; the V2 runner alike) has min(max_num_seqs, max_num_batched_tokens)
+# rows (_dummy_run: num_reqs = min(num_tokens, max_num_reqs)). The estimate was fit on the
+# H200 with fp32 logits of 256 rows (PLANNED_SAMPLER_ROWS) whatever the server's
+# max_num_seqs (the rows were served at 29-1,024); fewer rows take their fp32 logits only,
+# more rows SAMPLER_BYTES_PER_LOGIT each and vocabulary entry, above the 5.7 B measured
+# between 29 and 178 rows (Qwen3-30B-A3B shape, V1 runner: logits in the model dtype and in
+# float32, the softmax and the exponential noise of _dummy_sampler_run).
+PLANNED_SAMPLER_ROWS = 256
+SAMPLER_BYTES_PER_LOGIT = 8
 
 
-def estimate_overhead_bytes(arch: ModelArch, tp: int, batched_tokens: int) -> int:
-    """Non-KV GPU memory of one rank beyond its weights, as vLLM 0.26 profiles it: the peak of
-    one ``batched_tokens`` step (hidden states and the dense MLP's activation in bf16, fp32
-    logits of up to 256 sampled rows; for MoE the fused-MoE kernel's two workspaces of
+def sampler_bytes(rows: int, vocab: int, tp: int) -> int:
+    """The sampler profile's memory for ``rows`` rows on one rank: fp32 logits up to the
+    fitted 256 rows, ``SAMPLER_BYTES_PER_LOGIT`` per logit beyond them."""
+    base = min(rows, PLANNED_SAMPLER_ROWS) * vocab // tp * 4
+    return base + max(0, rows - PLANNED_SAMPLER_ROWS) * vocab * SAMPLER_BYTES_PER_LOGIT
+
+
+def graphs_subtracted(arch: ModelArch, vllm_version: str | None) -> bool:
+    """Whether vLLM takes its CUDA-graph estimate out of the KV cache for this model: MoE and
+    hybrid models always (the V1 runner of 0.26, the V2 runner of 0.32); dense models not on
+    vLLM 0.26 (its V2 runner logged no estimate: the H200 records), on 0.32 and any other
+    version yes (its V2 runner's profile_cudagraph_memory; where unsure, the smaller KV)."""
+    if arch.moe or arch.linear:
+        return True
+    version = (vllm_version or "").strip().lstrip("v")
+    return not (version == "0.26" or version.startswith("0.26."))
+
+
+def request_graphs(arch: ModelArch, request: PlanRequest, runtime: Runtime) -> CudaGraphs:
+    """The CUDA graphs vLLM captures for ``request`` on one rank (none on a CPU, nor where
+    vLLM subtracts no estimate for them: their ``bytes`` is then 0)."""
+    seqs = request.max_num_seqs or vllm_default_max_num_seqs(request.gpu_memory_gib)
+    if request.device != "gpu":
+        return CudaGraphs(mode="NONE", max_num_seqs=seqs)
+    graphs = cuda_graphs(
+        seqs,
+        default_batched_tokens(runtime),
+        enforce_eager=request.enforce_eager,
+        architecture=arch.architecture,
+        gpu_memory_gib=request.gpu_memory_gib,
+    )
+    if not graphs_subtracted(arch, request.vllm_version):
+        graphs = graphs.model_copy(update={"bytes": 0})
+    return graphs
+
+
+def sampler_profile_rows(request: PlanRequest, batched_tokens: int) -> int:
+    """The sampler profile's rows: min(max_num_seqs, max_num_batched_tokens); with no
+    max_num_seqs the fitted allowance (PLANNED_SAMPLER_ROWS)."""
+    if request.max_num_seqs is None:
+        return PLANNED_SAMPLER_ROWS
+    return min(request.max_num_seqs, batched_tokens)
+
+
+def estimate_overhead_bytes(
+    arch: ModelArch,
+    tp: int,
+    batched_tokens: int,
+    *,
+    sampler_rows: int = PLANNED_SAMPLER_ROWS,
+    cuda_graph_bytes: int | None = None,
+) -> int:
+    """Non-KV GPU memory of one rank beyond its weights, as vLLM profiles it: the peak of
+    one ``batched_tokens`` step (hidden states and the dense MLP's activation in bf16, the
+    sampler's ``sampler_rows`` rows; for MoE the fused-MoE kernel's two workspaces of
     ``tokens × top-k × max(2·moe_intermediate, hidden)``, for Gated DeltaNet its projections)
-    plus the non-torch reserve and, for MoE and hybrid models (vLLM's V1 runner), the CUDA
-    graph estimate and the measured residual. Constants above, with what they were fit on."""
+    plus the non-torch reserve, the CUDA-graph estimate ``cuda_graph_bytes`` (None: the
+    0.45 GiB of vLLM's default settings for MoE and hybrid models, 0 for dense ones, as
+    vLLM 0.26 on the H200) and, for MoE and hybrid models, the measured residual. Constants
+    above, with what they were fit on."""
     hidden = arch.hidden_size
-    logits = 256 * arch.vocab_size // tp * 4
-    if not (arch.moe or arch.linear):
+    logits = sampler_bytes(sampler_rows, arch.vocab_size, tp)
+    moe_like = bool(arch.moe or arch.linear)
+    if cuda_graph_bytes is None:
+        cuda_graph_bytes = int(GPU_CUDA_GRAPH_ESTIMATE_GIB * GiB) if moe_like else 0
+    if not moe_like:
         act = batched_tokens * (4 * hidden + 2 * arch.intermediate_size // tp) * 2
-        return int(act + logits + GPU_NON_TORCH_GIB * GiB)
+        return int(act + logits + GPU_NON_TORCH_GIB * GiB) + cuda_graph_bytes
     act = batched_tokens * 4 * hidden * 2
     if arch.moe:
         width = max(2 * arch.moe.moe_intermediate_size // tp, hidden)
@@ -186,8 +280,8 @@ def estimate_overhead_bytes(arch: ModelArch, tp: int, batched_tokens: int) -> in
         # in_proj_qkvz (2 key + 2 value widths) and the core attention's output (value width)
         widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
         act += batched_tokens * widths // tp * 2
-    reserve = GPU_NON_TORCH_MOE_GIB + GPU_CUDA_GRAPH_ESTIMATE_GIB + GPU_MOE_PEAK_RESIDUAL_GIB
-    return int(act + logits + reserve * GiB)
+    reserve = GPU_NON_TORCH_MOE_GIB + GPU_MOE_PEAK_RESIDUAL_GIB
+    return int(act + logits + reserve * GiB) + cuda_graph_bytes
 
 
 def _tp_problem(arch: ModelArch, tp: int) -> str | None:
@@ -212,6 +306,29 @@ def _flag(args: list[str], *names: str) -> str | None:
     return value
 
 
+# Allowed serving flags (serving/serving_flags.py) that move vLLM's GPU memory and that the
+# planner does not model, with what they do (vLLM 0.32).
+UNMODELLED_FLAGS = {
+    "--kv-cache-memory-bytes": "vLLM takes this KV size and skips its memory profile",
+    "--cpu-offload-gb": "part of the weights stay in CPU memory",
+    "--pipeline-parallel-size": "the layers are split over GPUs",
+    "--data-parallel-size": "one engine per GPU group",
+    "--attention-backend": "the backend decides which CUDA-graph modes it supports",
+}
+
+
+def unmodelled_settings(args: list[str]) -> list[str]:
+    """The flags of UNMODELLED_FLAGS that ``args`` set to something other than vLLM's
+    default, as 'flag value (what it does)'."""
+    found = []
+    for name, what in UNMODELLED_FLAGS.items():
+        value = _flag(args, name)
+        if value is None or (name.endswith("-parallel-size") and value == "1"):
+            continue
+        found.append(f"{name} {value} ({what})")
+    return found
+
+
 def request_for_serving(
     serving,
     *,
@@ -222,10 +339,13 @@ def request_for_serving(
     extra_args: list[str] | None = None,
 ) -> PlanRequest:
     """The PlanRequest for a ``config.ServingConfig`` as serve.build_command passes it to vLLM:
-    max-model-len, KV space or memory utilization, prefix caching, and the flags in
-    ``extra_args`` that change the KV arithmetic (--kv-cache-dtype, --max-num-batched-tokens,
-    --block-size, --tensor-parallel-size). ``dtype`` is the served dtype once resolved
-    (serving.dtype 'fastest' is resolved per host by serve.resolve_dtype)."""
+    max-model-len, KV space or memory utilization, prefix caching, max_num_seqs and
+    enforce_eager (vLLM's CUDA graphs and sampler rows), and the flags in ``extra_args`` that
+    change the KV arithmetic (--kv-cache-dtype, --max-num-batched-tokens, --block-size,
+    --tensor-parallel-size, --enforce-eager); those that move vLLM's memory in ways the
+    planner does not model are named in the plan's notes (UNMODELLED_FLAGS). ``dtype`` is
+    the served dtype once resolved (serving.dtype 'fastest' is resolved per host by
+    serve.resolve_dtype)."""
     args = serving.parallel_args() + list(serving.extra_args) + list(extra_args or [])
     served = dtype or serving.dtype
     if served not in ("auto", "bfloat16", "float16", "float32"):
@@ -238,6 +358,7 @@ def request_for_serving(
     tp = _flag(args, "--tensor-parallel-size", "-tp")
     batched = _flag(args, "--max-num-batched-tokens")
     block = _flag(args, "--block-size")
+    eager = bool(getattr(serving, "enforce_eager", False)) or "--enforce-eager" in args
     asynchronous = None
     for arg in args:  # the last of the pair wins, as argparse's BooleanOptionalAction
         if arg in ("--async-scheduling", "--no-async-scheduling"):
@@ -257,6 +378,9 @@ def request_for_serving(
             mamba_ssm_dtype=cpu_ssm_dtype_for_host() if device == "cpu" else "auto",
             enable_prefix_caching=serving.enable_prefix_caching,
             max_num_batched_tokens=int(batched) if batched else None,
+            max_num_seqs=getattr(serving, "max_num_seqs", None),
+            enforce_eager=eager,
+            unmodelled=unmodelled_settings(args),
             block_size=int(block) if block else None,
             async_scheduling=asynchronous,
         )
@@ -275,6 +399,42 @@ def online_fp8_weights(arch: ModelArch, weights: WeightBytes) -> WeightBytes:
     return weights.model_copy(
         update={"total_bytes": total, "scheme": "online fp8", "by_dtype": {"mixed": total}}
     )
+
+
+# the vLLM versions whose CUDA-graph rules the planner follows (cudagraphs.py: 0.32's
+# source; 0.26: the same capture rule as measured on the H200, dense models without estimate)
+GRAPH_RULE_VERSIONS = ("0.26", "0.32")
+
+
+def _graph_notes(arch: ModelArch, request: PlanRequest, graphs: CudaGraphs) -> list[str]:
+    notes: list[str] = []
+    if graphs.mode == "NONE":
+        notes.append("CUDA graphs: none (--enforce-eager)")
+    else:
+        seqs = (
+            f"max_num_seqs {graphs.max_num_seqs}"
+            if request.max_num_seqs
+            else f"vLLM's default max_num_seqs {graphs.max_num_seqs}"
+        )
+        reserved = (
+            f"{graphs.bytes / GiB:.2f} GiB reserved per GPU"
+            if graphs.bytes
+            else "no estimate subtracted by this vLLM for a dense model"
+        )
+        notes.append(
+            f"CUDA graphs ({graphs.mode}, {seqs}): {len(graphs.capture_sizes)} capture sizes "
+            f"up to {graphs.capture_sizes[-1] if graphs.capture_sizes else 0}, "
+            f"{graphs.piecewise_graphs} PIECEWISE + {graphs.full_graphs} FULL graphs; {reserved}"
+        )
+    version = (request.vllm_version or "").strip().lstrip("v")
+    if version and not any(
+        version == v or version.startswith(v + ".") for v in GRAPH_RULE_VERSIONS
+    ):
+        notes.append(
+            f"CUDA graphs: vLLM {version}'s capture rule is not modelled; vLLM 0.32's is used "
+            "and the estimate is subtracted for every model"
+        )
+    return notes
 
 
 def plan(
@@ -320,19 +480,31 @@ def plan(
         if problem:
             reasons.append(problem)
         w = weights.per_gpu(tp)
+        graph_mem = 0
         if request.device == "cpu":
             overhead = 0
             kv_mem = request.cpu_kvcache_space_gib * GiB
             budget = None
         else:
+            batched = default_batched_tokens(runtime)
+            graphs = request_graphs(arch, request, runtime)
+            graph_mem = graphs.bytes
             overhead = (
                 int(request.non_kv_overhead_gib * GiB)
                 if request.non_kv_overhead_gib is not None
                 else int(
-                    estimate_overhead_bytes(arch, tp, default_batched_tokens(runtime))
+                    estimate_overhead_bytes(
+                        arch,
+                        tp,
+                        batched,
+                        sampler_rows=sampler_profile_rows(request, batched),
+                        cuda_graph_bytes=graph_mem,
+                    )
                     * request.non_kv_overhead_factor
                 )
             )
+            if request.non_kv_overhead_gib is None and tp == counts[0]:
+                notes.extend(_graph_notes(arch, request, graphs))
             budget = request.gpu_memory_gib * GiB
             kv_mem = int(budget * request.gpu_memory_utilization) - w - overhead
             if kv_mem <= 0:
@@ -364,6 +536,7 @@ def plan(
                 tensor_parallel_size=tp,
                 weights_per_gpu_bytes=w,
                 overhead_per_gpu_bytes=overhead,
+                cuda_graph_bytes=graph_mem,
                 kv_memory_per_gpu_bytes=max(0, kv_mem),
                 kv_bytes_per_token=layout.attention_bytes_per_token,
                 state_bytes_per_sequence=layout.state_bytes_per_sequence,
@@ -382,6 +555,10 @@ def plan(
                 notes.append(note)
     if request.device == "gpu" and request.overhead_note and request.non_kv_overhead_gib is None:
         notes.append(request.overhead_note)
+    for setting in request.unmodelled:
+        notes.append(
+            f"{setting}: changes vLLM's memory and is not modelled here; the figures are without it"
+        )
     best = next((o for o in options if o.fits), None)
     unsharded = kv_layout(arch, Runtime(device=request.device), max_len).attention_bytes_per_token
     if request.kv_cache_dtype == "fp8":
