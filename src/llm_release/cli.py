@@ -447,13 +447,14 @@ def serving_max_model_len(config: str | None) -> int:
 def plan_settings(args: argparse.Namespace) -> dict:
     """The serving settings a plan is made for: a flag given wins, the --config file's
     value otherwise (its typed field, or the same flag in its extra_args), else the default."""
-    from llm_release.sizing.planner import _flag
+    from llm_release.sizing.planner import _flag, unmodelled_settings
 
     serving = serving_of(args.config)
     extra = serving.parallel_args() + list(serving.extra_args)
     file_kv = _flag(extra, "--kv-cache-dtype") or "auto"
     file_batched = _flag(extra, "--max-num-batched-tokens")
     file_dtype = serving.dtype if serving.dtype != "fastest" else "auto"
+    file_eager = serving.enforce_eager or "--enforce-eager" in extra
 
     def given(name, fallback):
         value = getattr(args, name)
@@ -467,6 +468,9 @@ def plan_settings(args: argparse.Namespace) -> dict:
         "max_num_batched_tokens": given(
             "max_num_batched_tokens", int(file_batched) if file_batched else None
         ),
+        "max_num_seqs": given("max_num_seqs", serving.max_num_seqs),
+        "enforce_eager": given("enforce_eager", file_eager),
+        "unmodelled": unmodelled_settings(extra),
     }
 
 
@@ -611,6 +615,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         dtype=chosen["dtype"],
         enable_prefix_caching=chosen["enable_prefix_caching"],
         max_num_batched_tokens=chosen["max_num_batched_tokens"],
+        max_num_seqs=chosen["max_num_seqs"],
+        enforce_eager=chosen["enforce_eager"],
+        unmodelled=chosen["unmodelled"],
         mamba_ssm_dtype=planner.cpu_ssm_dtype_for_host() if args.cpu_kvcache_gib else "auto",
     )
     request = corrections.apply(request, args.vllm_version or corrections.runtime_vllm_version())
@@ -794,9 +801,22 @@ def build_parser() -> argparse.ArgumentParser:
         "default: --config's extra_args, else vLLM's own",
     )
     plan.add_argument(
+        "--max-num-seqs",
+        type=int,
+        help="vLLM's sequence limit (its CUDA-graph capture sizes and sampler rows); "
+        "default: --config's serving.max_num_seqs, else vLLM's own for the GPU",
+    )
+    plan.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM without CUDA graphs; default: --config's serving.enforce_eager (or its "
+        "extra_args), else off",
+    )
+    plan.add_argument(
         "--vllm-version",
-        help="apply the non-KV correction learned for this vLLM version "
-        "(default: the serving runtime's)",
+        help="apply the non-KV correction learned for this vLLM version and its CUDA-graph "
+        "rule (default: the serving runtime's)",
     )
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=cmd_plan)
