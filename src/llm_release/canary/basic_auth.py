@@ -25,8 +25,8 @@ from pathlib import Path
 import bcrypt
 import yaml
 
-from llm_release.canary.door import made_secret
 from llm_release.fileio import atomic_write_text
+from llm_release.secret_files import made_secret
 
 USERNAME = "llm-release"
 PASSWORD_FILE = "password"
@@ -49,7 +49,7 @@ class Credentials:
 
     def password(self) -> str:
         """The password, made (0600, whatever the umask) the first time it is asked for; an
-        existing file must be this user's and closed to others (``door.made_secret``)."""
+        existing file must be this user's and closed to others (``secret_files.made_secret``)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         password, _ = made_secret(
             self.password_path,

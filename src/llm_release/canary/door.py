@@ -33,16 +33,13 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import logging
-import os
 import re
-import secrets
-import stat
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from llm_release.errors import ConfigError, one_line
+from llm_release.secret_files import made_secret, private_file
 from llm_release.settings import settings as operator_settings
 
 logger = logging.getLogger(__name__)
@@ -147,33 +144,6 @@ def haproxy_address(value: str) -> str:
     return f"ipv6@{host}:{port}" if ":" in host else f"{host}:{port}"
 
 
-def private_file(path: Path, setting: str, what: str) -> os.stat_result:
-    """``path``'s stat, if it is a regular file of this user that no group and no other
-    user can read, write or run (mode 0600 or 0400); ConfigError in one line with the fix
-    otherwise. A secret another user owns could be swapped for theirs at any time."""
-    try:
-        info = Path(path).stat()
-    except OSError as exc:
-        raise ConfigError(
-            f"{setting}: cannot read {path} ({exc.strerror})", hint=f"point it at {what}"
-        ) from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ConfigError(f"{setting}: {path} is not a file", hint=f"point it at {what}")
-    if info.st_uid != os.geteuid():
-        raise ConfigError(
-            f"{setting}: {path} is owned by uid {info.st_uid}, not by this user "
-            f"(uid {os.geteuid()})",
-            hint=f"chown {os.geteuid()} {path} && chmod 600 {path}, as the user the worker runs as",
-        )
-    if info.st_mode & 0o077:
-        raise ConfigError(
-            f"{setting}: {path} is open to its group or other users (mode "
-            f"{stat.S_IMODE(info.st_mode):04o}; it must be 0600 or 0400)",
-            hint=f"chmod 600 {path}",
-        )
-    return info
-
-
 def read_keys(path: Path) -> list[str]:
     """The operator's keys: one a line; blank lines and lines starting with '#' ignored."""
     private_file(path, KEYS_FILE_ENV, "a file with one API key a line")
@@ -210,27 +180,6 @@ def render_key_map(operator_keys: list[str], project_key: str) -> str:
     lines += [f"{key_hash(key)} {OPERATOR}" for key in operator_keys]
     lines.append(f"{key_hash(project_key)} {PROJECT}")
     return "\n".join(lines) + "\n"
-
-
-def made_secret(
-    path: Path, setting: str, valid: Callable[[str], bool], hint: str, kind: str = "secret"
-) -> tuple[str, bool]:
-    """The secret in ``path`` and whether it was made now: made at random (0600 whatever
-    the umask) the first time; an existing file must be this user's and closed to others
-    (``private_file``) and hold what ``valid`` accepts, else ConfigError with ``hint``."""
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        private_file(path, setting, "a file only its owner reads")
-        secret = path.read_text("utf-8").strip()
-        if not valid(secret):
-            raise ConfigError(f"{setting} {path} holds no {kind}", hint=hint) from None
-        return secret, False
-    secret = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret + "\n")
-    return secret, True
 
 
 def project_key(path: Path) -> str:
