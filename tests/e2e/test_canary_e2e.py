@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from demo.hub_server import HubServer
-from llm_release import paths, registry
+from llm_release import paths, registry, server_key
 from llm_release.canary import promote
 from llm_release.config import SourceConfig
 from llm_release.hub.acquire import TransferSettings, acquire, verify_dir
@@ -182,7 +182,10 @@ def answer_key_eval_set(root, server_port: int) -> list[str]:
             route,
         )
         response = requests.post(
-            f"http://127.0.0.1:{server_port}/v1/chat/completions", json=body, timeout=120
+            f"http://127.0.0.1:{server_port}/v1/chat/completions",
+            json=body,
+            headers=server_key.headers(),
+            timeout=120,
         )
         response.raise_for_status()
         answers.append(response.json()["choices"][0]["message"]["content"])

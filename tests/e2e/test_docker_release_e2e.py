@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from llm_release import registry
+from llm_release import registry, server_key
 from llm_release.canary.prometheus import scraped_values
 from llm_release.serving.backends import image
 from llm_release.serving.backends.docker_client import PROJECT, client, docker_available, label
@@ -131,17 +131,22 @@ def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_o
     # The canary's container itself: chat completions and vLLM's Prometheus metrics on a
     # port published on 127.0.0.1 only, the model mounted read-only, the locally built image.
     canary_url = f"http://127.0.0.1:{state.canary.port}"
+    chat = {
+        "model": state.canary.release_id,
+        "messages": [{"role": "user", "content": "What is the torque?"}],
+        "max_tokens": 4,
+    }
+    # Locked like a process's server (llm_release.server_key): the middleware is mounted
+    # into the container and its key is in the container's environment.
+    for path in ("/v1/chat/completions", "/invocations"):
+        assert requests.post(f"{canary_url}{path}", json=chat, timeout=60).status_code == 401
+    assert requests.get(f"{canary_url}/metrics", timeout=10).status_code == 401
+    assert requests.get(f"{canary_url}/health", timeout=10).status_code == 200
     direct = requests.post(
-        f"{canary_url}/v1/chat/completions",
-        json={
-            "model": state.canary.release_id,
-            "messages": [{"role": "user", "content": "What is the torque?"}],
-            "max_tokens": 4,
-        },
-        timeout=60,
+        f"{canary_url}/v1/chat/completions", json=chat, headers=server_key.headers(), timeout=60
     )
     assert direct.status_code == 200 and direct.json()["choices"][0]["message"]["content"]
-    metrics = requests.get(f"{canary_url}/metrics", timeout=10).text
+    metrics = requests.get(f"{canary_url}/metrics", headers=server_key.headers(), timeout=10).text
     assert "vllm:num_requests_running" in metrics and "vllm:time_to_first_token_seconds" in metrics
     container = client().containers.get(state.canary.container)
     assert container.image.tags == [image.local_image()]

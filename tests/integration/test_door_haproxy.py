@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from llm_release import server_key
 from llm_release.canary import door
 from llm_release.canary.router import Router, SlotTarget
 from llm_release.errors import ConfigError
@@ -102,7 +103,9 @@ def demo_router(home, backend, caplog):
 
 def denied(router: Router) -> int:
     """HAProxy's own Prometheus counter of the requests its frontend denied."""
-    text = requests.get(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=5).text
+    text = requests.get(
+        f"http://127.0.0.1:{router.metrics_port}/metrics", headers=server_key.headers(), timeout=5
+    ).text
     for line in text.splitlines():
         if line.startswith('haproxy_frontend_requests_denied_total{proxy="llm"}'):
             return int(float(line.split()[-1]))
@@ -134,8 +137,26 @@ def test_with_the_key_served_as_before(demo_router, backend):
     body = {"model": "svc", "messages": [{"role": "user", "content": "hi"}]}
     reply = requests.post(url, json=body, headers=demo_router.auth_headers, timeout=5)
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "ok"
-    assert backend.seen == [("POST", "/v1/chat/completions", f"Bearer {demo_router.api_key}")]
+    # The server gets the servers' key in place of the client's (the door's stays here).
+    assert backend.seen == [("POST", "/v1/chat/completions", f"Bearer {server_key.key()}")]
     assert denied(demo_router) == before
+
+
+def test_the_servers_key_is_haproxys_alone_and_opens_its_exporter(demo_router, backend):
+    """HAProxy sends the vLLM servers' key (issue 36 medium 5) from its environment, never
+    from its config file; its Prometheus exporter asks for that key too."""
+    config = demo_router.config_path.read_text()
+    assert server_key.key() not in config
+    assert f"${{{server_key.KEY_ENV}}}" in config
+    exporter = f"http://127.0.0.1:{demo_router.metrics_port}/metrics"
+    assert requests.get(exporter, timeout=5).status_code == 401
+    wrong = {"Authorization": f"Bearer {demo_router.api_key}"}  # the door's key is not it
+    assert requests.get(exporter, headers=wrong, timeout=5).status_code == 401
+    opened = requests.get(exporter, headers=server_key.headers(), timeout=5)
+    assert opened.status_code == 200 and "haproxy_frontend_" in opened.text
+    # A client's own Authorization never reaches a server, whatever it says.
+    requests.get(f"{demo_router.url}/v1/models", headers=demo_router.auth_headers, timeout=5)
+    assert [auth for _, _, auth in backend.seen] == [f"Bearer {server_key.key()}"]
 
 
 def test_the_demo_key_is_made_private_and_named(demo_router, caplog):
@@ -289,3 +310,13 @@ def test_a_public_door_speaks_tls_and_takes_operator_keys_only(home, backend, tm
         assert [path for _, path, _ in backend.seen] == ["/v1/models"]
     finally:
         router.stop()
+
+
+def test_a_router_an_older_version_started_is_outdated(demo_router):
+    """One started before the servers' key forwards requests without it: the next deploy,
+    rollback or 'up' starts it again (promote._apply)."""
+    assert not demo_router.outdated()
+    config = demo_router.config_path.read_text()
+    old = "\n".join(line for line in config.splitlines() if "set-header Authorization" not in line)
+    demo_router.config_path.write_text(old + "\n")
+    assert demo_router.outdated()

@@ -14,7 +14,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_release import registry
+from llm_release import registry, server_key
 from llm_release.canary import alertmanager, prometheus, promote
 from llm_release.canary.alerts import install_rules, render_rules
 from llm_release.canary.analysis import analyze_window, load_queries
@@ -39,7 +39,7 @@ def wait_for(what: str, condition, timeout_s: float = 60, every_s: float = 0.5):
 
 def sample_names(url: str, values: bool = False):
     """(sample name, its labels) of a /metrics page; with ``values``, mapped to the values."""
-    text = requests.get(url, timeout=10).text
+    text = requests.get(url, headers=server_key.headers(), timeout=10).text
     samples = {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
@@ -104,7 +104,13 @@ def test_prometheus_scrapes_both_roles_and_haproxy(stack):
     for metric in ("scrape_duration_seconds", "scrape_samples_scraped"):
         rows = prom.query(f'{metric}{{service="tiny"}}')
         print(metric, {(r.labels["job"], r.labels.get("role")): r.value for r in rows})
-    size = len(requests.get(f"http://127.0.0.1:{state.canary.port}/metrics", timeout=5).content)
+    size = len(
+        requests.get(
+            f"http://127.0.0.1:{state.canary.port}/metrics",
+            headers=server_key.headers(),
+            timeout=5,
+        ).content
+    )
     print(f"vLLM /metrics: {size} bytes")
 
 
@@ -132,8 +138,10 @@ def test_metric_names_of_the_queries_exist_on_the_live_servers(stack):
         if name == "haproxy_server_http_responses_total" and dict(labels)["server"] == "canary"
     }
     assert "5xx" in codes
-    # Loopback only, and nothing but /metrics on the exporter's frontend.
-    assert requests.get(f"http://127.0.0.1:{router.metrics_port}/", timeout=5).status_code == 403
+    # Loopback only, the servers' key, and nothing but /metrics on the exporter's frontend.
+    root = f"http://127.0.0.1:{router.metrics_port}/"
+    assert requests.get(root, timeout=5).status_code == 401
+    assert requests.get(root, headers=server_key.headers(), timeout=5).status_code == 403
 
 
 def finished_on(port: int) -> float:

@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
+from llm_release import server_key
 from llm_release.canary import analysis, door, quality, rollout
 from llm_release.canary.analysis import WindowVerdict
 from llm_release.canary.router import ANSWERED_BY_HEADER, PIN_HEADER, Router, SlotTarget
@@ -128,7 +129,9 @@ def chat(router: Router, key: str, pin: str | None) -> requests.Response:
 
 def probe_counters(router: Router) -> dict[str, int]:
     """HAProxy's exporter: requests of the probes backend per slot."""
-    text = requests.get(f"http://127.0.0.1:{router.metrics_port}/metrics", timeout=5).text
+    text = requests.get(
+        f"http://127.0.0.1:{router.metrics_port}/metrics", headers=server_key.headers(), timeout=5
+    ).text
     found = {}
     for line in text.splitlines():
         if line.startswith('haproxy_server_http_responses_total{proxy="probes"') and (

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import requests
 
+from llm_release import server_key
 from llm_release.config import ServingConfig
 from llm_release.serving import reasoning
 from llm_release.serving.serve import VllmServer
@@ -29,10 +30,14 @@ def test_qwen3_is_served_with_its_parser_and_answers_with_thinking_off(tmp_path,
             f"{url}/tokenize",
             json={"model": "tiny-qwen3", "messages": messages, "add_generation_prompt": True}
             | body,
+            headers=server_key.headers(),
             timeout=60,
         ).json()["tokens"]
         prompt = requests.post(
-            f"{url}/detokenize", json={"model": "tiny-qwen3", "tokens": tokens}, timeout=60
+            f"{url}/detokenize",
+            json={"model": "tiny-qwen3", "tokens": tokens},
+            headers=server_key.headers(),
+            timeout=60,
         ).json()["prompt"]
 
         def ask(extra: dict) -> dict:
@@ -46,6 +51,7 @@ def test_qwen3_is_served_with_its_parser_and_answers_with_thinking_off(tmp_path,
                     "ignore_eos": True,  # random weights may end at once
                 }
                 | extra,
+                headers=server_key.headers(),
                 timeout=120,
             )
             assert answer.status_code == 200, answer.text

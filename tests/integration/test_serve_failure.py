@@ -68,6 +68,7 @@ def test_a_picked_port_taken_before_vllm_binds_it_is_picked_again(
 
     import requests
 
+    from llm_release import server_key
     from llm_release.serving import serve
     from llm_release.serving.serve import VllmServer
 
@@ -82,7 +83,9 @@ def test_a_picked_port_taken_before_vllm_binds_it_is_picked_again(
         log = tmp_path / "vllm.log"
         with VllmServer(tiny_model_dir, ["tiny"], serving, log) as server:
             assert server.port != taken
-            models = requests.get(f"{server.base_url}/v1/models", timeout=10).json()
+            models = requests.get(
+                f"{server.base_url}/v1/models", headers=server_key.headers(), timeout=10
+            ).json()
             assert [m["id"] for m in models["data"]] == ["tiny"]
     text = log.read_text()
     assert f"--port {taken}" in text and "Address already in use" in text, "no first start"

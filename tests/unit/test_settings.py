@@ -21,6 +21,8 @@ NOT_A_READ = {
     "serving_requirements": "the environment plus one variable, for a pip child process",
     "fill_wheelhouse": "the environment plus one variable, for a pip child process",
     "_offline": "sets HF_*_OFFLINE for lm-eval in this process and restores them after",
+    "server_key_from_environment": "the vLLM middleware, inside the server: the key it was "
+    "given (llm_release.server_key), not a setting",
 }
 ENVIRON = {"environ", "environb", "getenv", "getenvb"}
 

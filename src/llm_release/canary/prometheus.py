@@ -28,7 +28,7 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from llm_release import paths
+from llm_release import paths, server_key
 from llm_release.canary import basic_auth
 from llm_release.canary.daemon import Daemon
 from llm_release.canary.router import BACKEND
@@ -72,11 +72,20 @@ def render_config(
     directory: Path,
     scrape_interval_s: float = SCRAPE_INTERVAL_S,
     alertmanager_dir: Path | None = None,
+    server_key_file: Path | None = None,
 ) -> str:
     """Prometheus' config; its alerts go to the Alertmanager whose files live under
-    ``alertmanager_dir`` (the project's own by default) with that one's credentials."""
+    ``alertmanager_dir`` (the project's own by default) with that one's credentials. The
+    vLLM servers and HAProxy's exporter are scraped with the servers' key
+    (``server_key_file``, default the home's: ``llm_release.server_key``)."""
     directory = Path(directory)
     alertmanager_dir = alertmanager_dir or paths.alertmanager_dir()
+    # Read by Prometheus at each scrape, like the Alertmanager password; it must exist
+    # when the config is loaded (made now if no server made it yet).
+    if server_key_file is None:
+        server_key.key()
+        server_key_file = server_key.key_path()
+    server_auth = {"type": "Bearer", "credentials_file": str(server_key_file)}
     interval = _duration(scrape_interval_s)
     config = {
         "global": {
@@ -101,10 +110,12 @@ def render_config(
         "scrape_configs": [
             {
                 "job_name": VLLM_JOB,
+                "authorization": server_auth,
                 "file_sd_configs": [{"files": [str(directory / "targets" / "vllm.json")]}],
             },
             {
                 "job_name": HAPROXY_JOB,
+                "authorization": server_auth,
                 "file_sd_configs": [{"files": [str(directory / "targets" / "haproxy.json")]}],
                 # HAProxy names the slot in its 'server' label; copying it to 'role' lets
                 # one selector ({service=..., role=...}) pick both sources of a role.

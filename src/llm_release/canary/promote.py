@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import requests
 from pydantic import BaseModel, ConfigDict, Field
 
-from llm_release import paths, registry, safety
+from llm_release import paths, registry, safety, server_key
 from llm_release.canary import alertmanager, basic_auth, prometheus
 from llm_release.canary.publish import origin_of
 from llm_release.canary.router import Router, SlotTarget
@@ -137,6 +137,9 @@ def _apply(router: Router, state: RegistryState) -> None:
     stable_weight = 100 - state.canary_weight if state.canary else 100
     stable = _slot(state.stable, stable_weight)
     canary = _slot(state.canary, state.canary_weight)
+    if router.running() and router.outdated():
+        logger.warning("restarting HAProxy: its config predates the vLLM servers' key")
+        router.stop()
     if router.running():
         router.set_target("stable", stable)
         router.set_target("canary", canary)
@@ -212,7 +215,11 @@ def running_requests(release: Release, timeout_s: float = 5) -> float | None:
     when they cannot be read (no answer, an error status, a page that does not parse, or no
     such gauge in the answer): an unreadable count is unknown, never 0."""
     try:
-        response = requests.get(f"http://127.0.0.1:{release.port}/metrics", timeout=timeout_s)
+        response = requests.get(
+            f"http://127.0.0.1:{release.port}/metrics",
+            headers=server_key.headers(),
+            timeout=timeout_s,
+        )
     except requests.RequestException:
         return None
     if response.status_code != 200:

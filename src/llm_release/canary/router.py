@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_release import server_key
 from llm_release.canary import door
 from llm_release.errors import RouterError
 from llm_release.fileio import atomic_write_text
@@ -61,6 +62,9 @@ UNAUTHORIZED = (
     '"type":"invalid_request_error","code":"invalid_api_key"}}'
 )
 CHALLENGE = 'Bearer realm="llm-release"'
+# Expanded by HAProxy from its environment when it reads the config (HAProxy 2.6
+# configuration manual, 2.3: environment variables in double quotes).
+SERVER_KEY_HEADER = f'    http-request set-header Authorization "Bearer ${{{server_key.KEY_ENV}}}"'
 PIN_REFUSED = (
     '{"error":{"message":"only the canary probes of llm-release may send '
     + PIN_HEADER
@@ -142,6 +146,10 @@ def render_config(
         "    balance roundrobin",
         "    option httpchk GET /health",
         "    http-check expect status 200",
+        # The vLLM servers ask for the project's server key (llm_release.server_key): set
+        # on every request sent to them, in place of the client's Authorization (the door's
+        # key stays here). From HAProxy's environment, never written into this file.
+        SERVER_KEY_HEADER,
         # One request per server connection, so HAProxy's per-server counters are requests.
         "    option http-server-close",
         # L7 retries, only where the client cannot have received anything, so a replay can
@@ -186,6 +194,10 @@ def render_config(
             "frontend metrics",
             f"    bind 127.0.0.1:{int(metrics_port)}",
             "    no log",
+            # Prometheus sends the server key (its credentials_file); nobody else reads
+            # the servers' counters.
+            f'    acl scraper http_auth_bearer -m str "${{{server_key.KEY_ENV}}}"',
+            "    http-request deny status 401 unless scraper",
             "    http-request use-service prometheus-exporter if { path /metrics }",
             "    http-request deny",
         ]
@@ -200,6 +212,7 @@ def probe_backend(stable: SlotTarget | None, canary: SlotTarget | None) -> list[
         "",
         f"backend {PROBE_BACKEND}",
         "    option http-server-close",
+        SERVER_KEY_HEADER,
         f"    http-request deny status 400 unless {{ req.hdr({PIN_HEADER}) -m str {' '.join(SLOTS)} }}",
     ]
     lines += [
@@ -253,6 +266,14 @@ class Router:
         return processes.read_int(self.metrics_port_path)
 
     # -- process -------------------------------------------------------------------------
+    def outdated(self) -> bool:
+        """A running HAProxy whose config an older version wrote: it forwards requests
+        without the servers' key (they would all be refused), so it is started again."""
+        try:
+            return SERVER_KEY_HEADER not in self.config_path.read_text("utf-8")
+        except OSError:
+            return True
+
     def pid(self) -> int | None:
         return processes.pid_from_file(self.pid_path, str(self.config_path))
 
@@ -290,20 +311,22 @@ class Router:
             tls_pem=door_cfg.tls_pem,
         )
         atomic_write_text(self.config_path, config)
+        # The daemon inherits this environment for its lifetime: no hub tokens in it, the
+        # servers' key (the config reads it from there).
+        env = child_env() | {server_key.KEY_ENV: server_key.key()}
         check = subprocess.run(
             [binary, "-c", "-f", str(self.config_path)],
             capture_output=True,
             text=True,
-            env=child_env(),
+            env=env,
         )
         if check.returncode != 0:
             raise RouterError(f"HAProxy rejected its config:\n{check.stderr.strip()}")
-        # The daemon inherits this environment for its lifetime: no hub tokens in it.
         proc = subprocess.run(
             [binary, "-D", "-f", str(self.config_path)],
             capture_output=True,
             text=True,
-            env=child_env(),
+            env=env,
         )
         if proc.returncode != 0:
             raise RouterError(

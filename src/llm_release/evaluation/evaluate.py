@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from llm_release import paths
+from llm_release import paths, server_key
 from llm_release.errors import EvalError
 from llm_release.evaluation import metrics
 from llm_release.evaluation.evalsets import (
@@ -151,17 +151,21 @@ def run_evaluation(
     try:
         with _offline():
             from lm_eval import simple_evaluate
+            from lm_eval.models.openai_completions import LocalChatCompletion
 
+            # Built here rather than from model_args, which lm-eval logs and keeps in its
+            # output: the header carries the server's key (llm_release.server_key).
+            model = LocalChatCompletion(
+                model=served_name,
+                base_url=f"{base_url}/v1/chat/completions",
+                num_concurrent=num_concurrent,
+                tokenizer_backend="none",
+                max_retries=3,
+                timeout=300,
+                header=server_key.headers(),
+            )
             output = simple_evaluate(
-                model="local-chat-completions",
-                model_args={
-                    "model": served_name,
-                    "base_url": f"{base_url}/v1/chat/completions",
-                    "num_concurrent": num_concurrent,
-                    "tokenizer_backend": "none",
-                    "max_retries": 3,
-                    "timeout": 300,
-                },
+                model=model,
                 tasks=tasks,
                 apply_chat_template=True,
                 limit=limit,

@@ -13,13 +13,18 @@ requests/s that did (``slo_attainment``, ``request_goodput``): the report shows 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llm_release import server_key
 from llm_release.config import Gates, LoadProfile
 from llm_release.errors import LoadTestError
 from llm_release.hub.credentials import child_env
@@ -127,13 +132,17 @@ def build_command(
     request_body: dict | None = None,
     *,
     slo: Slo | None = None,
+    scenario: Path | None = None,
 ) -> list[str]:
+    """GuideLLM's command line. ``scenario``: a JSON file GuideLLM merges under the
+    options (``secret_scenario``: the server's key, which never goes into argv)."""
     streams = ",".join(str(c) for c in profile.concurrencies)
     return [
         sys.executable,
         "-m",
         "guidellm",
         "run",
+        *(["--config", str(scenario)] if scenario else []),
         "--backend",
         backend_arg(base_url, served_name, request_body),
         "--tokenizer",
@@ -262,6 +271,22 @@ def short_levels(levels: list[LoadLevel]) -> list[int]:
 NOTHING_MEASURED = "No measurement start or end times available"
 
 
+@contextlib.contextmanager
+def secret_scenario() -> Iterator[Path]:
+    """A GuideLLM scenario file holding only the backend's ``api_key`` (the vLLM server's
+    key, ``llm_release.server_key``), 0600, removed when the run ends. GuideLLM merges it
+    under the command line's ``--backend`` (``BenchmarkScenario.create``: deep_update), so
+    the key is never in argv, where every local user reads it; its report shows the key
+    as a SecretStr does (``**********``)."""
+    fd, name = tempfile.mkstemp(prefix="llm-release-guidellm-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"spec": {"backend": {"api_key": server_key.key()}}}, fh)
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
+
+
 def _run_guidellm(
     base_url: str,
     served_name: str,
@@ -275,15 +300,22 @@ def _run_guidellm(
     cpus: list[int] | None = None,
     cache: CacheSampler | None = None,
 ) -> list[LoadLevel]:
-    cmd = pinned(
-        build_command(
-            base_url, served_name, tokenizer_dir, profile, report_path, request_body, slo=slo
-        ),
-        cpus,
-    )
     env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
     budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
-    with log_path.open("wb") as log_file:
+    with secret_scenario() as scenario, log_path.open("wb") as log_file:
+        cmd = pinned(
+            build_command(
+                base_url,
+                served_name,
+                tokenizer_dir,
+                profile,
+                report_path,
+                request_body,
+                slo=slo,
+                scenario=scenario,
+            ),
+            cpus,
+        )
         try:
             proc = subprocess.run(
                 cmd,

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import requests
 
+from llm_release import server_key
+
 QUERIES = "vllm:prefix_cache_queries"
 HITS = "vllm:prefix_cache_hits"
 INTERVAL_S = 0.5
@@ -48,7 +50,7 @@ def parse_counters(page: str) -> tuple[float, float] | None:
 
 def read(base_url: str, timeout_s: float = 2.0) -> Reading | None:
     try:
-        reply = requests.get(f"{base_url}/metrics", timeout=timeout_s)
+        reply = requests.get(f"{base_url}/metrics", headers=server_key.headers(), timeout=timeout_s)
         counters = parse_counters(reply.text) if reply.status_code == 200 else None
     except (requests.RequestException, ValueError):
         return None

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import requests
 
-from llm_release import hardware, paths
+from llm_release import hardware, paths, server_key
 from llm_release.config import ServingConfig
 from llm_release.errors import ConfigError, ServeError
 from llm_release.hub.credentials import child_env
@@ -37,6 +37,10 @@ from llm_release.serving.serving_flags import check_serving_args
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+
+# The folder vLLM's --middleware imports the lock from (standard library only: the project
+# is not installed in the serving virtualenv or image).
+MIDDLEWARE_DIR = Path(__file__).resolve().with_name("vllm_middleware")
 
 # A port picked here can still be taken before the server binds it (vLLM binds ~25 s after
 # its start, once its imports are done; CI, 2026-12-02: "Address already in use" for a
@@ -293,6 +297,9 @@ def vllm_args(
         if serving.enable_prefix_caching
         else "--no-enable-prefix-caching",
         "--disable-uvicorn-access-log",
+        # Every path but /health asks for the project's key (llm_release.server_key).
+        "--middleware",
+        server_key.MIDDLEWARE,
     ]
     if serving.max_num_seqs is not None:  # None (not resolved by a server): vLLM's default
         cmd += ["--max-num-seqs", str(serving.max_num_seqs)]
@@ -361,6 +368,10 @@ def server_env(serving: ServingConfig, role: str = "candidate") -> dict[str, str
     # Inherited by every process of the server's tree, whatever it renames itself to
     # (vLLM's 'VLLM::EngineCore'): 'down' finds orphans of this home by it.
     env[processes.HOME_MARK] = str(paths.home().resolve())
+    # The lock on every path but /health (llm_release.server_key): the key, and the folder
+    # of the middleware vLLM's --middleware imports.
+    env[server_key.KEY_ENV] = server_key.key()
+    env["PYTHONPATH"] = str(MIDDLEWARE_DIR)
     return env
 
 
@@ -556,9 +567,17 @@ class Server(ABC):
 
     def _check_names(self) -> None:
         """The server answering on our port serves our names (``/v1/models``); another's
-        answer means another server bound the port first: ServeError, a taken port."""
+        answer means another server bound the port first: ServeError, a taken port. So
+        does a refusal of this home's key (another home's server, locked with its key)."""
         try:
-            reply = requests.get(f"{self.base_url}/v1/models", timeout=10)
+            reply = requests.get(
+                f"{self.base_url}/v1/models", headers=server_key.headers(), timeout=10
+            )
+            if reply.status_code == 401:
+                raise ServeError(
+                    f"port {self.port} answers for another server (it refuses this home's "
+                    "key): it bound the port before this one could"
+                )
             ids = {m.get("id") for m in reply.json().get("data", []) if isinstance(m, dict)}
         except (requests.RequestException, ValueError, AttributeError):
             return  # no list to compare: the first completion below tells
@@ -578,6 +597,7 @@ class Server(ABC):
             response = requests.post(
                 f"{self.base_url}/v1/completions",
                 json=body,
+                headers=server_key.headers(),
                 timeout=max(10.0, deadline - time.monotonic()),
             )
             if response.status_code == 200 and response.json().get("choices"):

@@ -82,7 +82,11 @@ def test_the_config_passes_promtool(tmp_path):
     state = RegistryState(stable=release("baseline", 8001), canary=release("fp8", 8002))
     prometheus.write_targets(state, 9101)
     prometheus.write_alertmanagers(["127.0.0.1:9093"])
-    prometheus.config_path.write_text(render_config(tmp_path, 5, tmp_path / "alertmanager"))
+    key = tmp_path / "server.key"
+    key.write_text("k" * 43 + "\n")
+    prometheus.config_path.write_text(
+        render_config(tmp_path, 5, tmp_path / "alertmanager", server_key_file=key)
+    )
     check = subprocess.run(
         ["promtool", "check", "config", str(prometheus.config_path)], capture_output=True, text=True
     )
@@ -94,6 +98,11 @@ def test_the_config_passes_promtool(tmp_path):
         "haproxy",
         "supervisor",
     ]
+    # The vLLM servers and HAProxy's exporter ask for the servers' key: a file, read at
+    # each scrape, never the key itself.
+    auth = {job["job_name"]: job.get("authorization") for job in config["scrape_configs"]}
+    assert auth["vllm"] == auth["haproxy"] == {"type": "Bearer", "credentials_file": str(key)}
+    assert "k" * 43 not in prometheus.config_path.read_text()
     # Firing alerts go to the Alertmanager named in a file_sd file (followed without reload),
     # with its user and password file (read at each send; never the password itself).
     [alerting] = config["alerting"]["alertmanagers"]

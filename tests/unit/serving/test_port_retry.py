@@ -129,3 +129,42 @@ def test_a_port_that_another_server_answers_on_is_a_taken_port(tmp_path, picks):
     foreign = "port 21000 answers for another server (models ['x']): it bound the port first"
     again = ScriptedServer(tmp_path, [foreign, None])
     assert again.start_healthy().port == 21001
+
+
+def test_a_port_whose_server_refuses_this_homes_key_is_a_taken_port(home, tmp_path, picks):
+    """Another home's vLLM (locked with its own key, llm_release.server_key) answers 401 to
+    ours: that server is not ours either. Our check sends this home's key."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from llm_release import server_key
+
+    accepted = {"key": "another-homes-key-" + "x" * 30}
+    seen: list[str | None] = []
+
+    class Locked(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == f"Bearer {accepted['key']}"
+            body = b'{"data": [{"id": "m"}]}' if ok else b'{"error": "Unauthorized"}'
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    other = ThreadingHTTPServer(("127.0.0.1", 0), Locked)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        server = ScriptedServer(tmp_path, [], port=other.server_address[1])
+        with pytest.raises(ServeError, match="refuses this home's key") as caught:
+            server._check_names()
+        assert Server._port_taken(caught.value)
+        assert seen == [f"Bearer {server_key.key()}"]
+        accepted["key"] = server_key.key()
+        server._check_names()  # ours: our key, our names
+    finally:
+        other.shutdown()
+        other.server_close()

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llm_release import paths
+from llm_release import paths, server_key
 from llm_release.config import ServingConfig
 from llm_release.errors import ServeError
 from llm_release.registry import Release
@@ -44,6 +44,7 @@ from llm_release.serving.backends.docker_client import (
     sdk_errors,
 )
 from llm_release.serving.serve import (
+    MIDDLEWARE_DIR,
     VLLM_MODULE,
     Endpoint,
     Owner,
@@ -61,6 +62,8 @@ CONTAINER_PORT = 8000
 # The roles whose container Docker restarts when it dies (with a restart policy).
 SERVING_ROLES = ("stable", "canary")
 METRICS_MODULE = "llm_release.serving.container_metrics"
+# Where the vLLM middleware's folder (serve.MIDDLEWARE_DIR) is mounted in a container.
+MIDDLEWARE_IN_CONTAINER = "/opt/llm-release/middleware"
 # The project's own bridge network, with inter-container traffic off: a vLLM container is
 # reached only through its port published on the host's 127.0.0.1, never from another
 # container (on this network or the daemon's default bridge, which Docker keeps apart).
@@ -194,6 +197,10 @@ def container_spec(
         "HF_HUB_OFFLINE": "1",  # the model is a local folder; the container fetches nothing
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        # The lock on every path but /health (llm_release.server_key): its key, and the
+        # middleware's folder, mounted read-only below.
+        server_key.KEY_ENV: server_key.key(home_path),
+        "PYTHONPATH": MIDDLEWARE_IN_CONTAINER,
     } | NVLINK_MULTICAST_OFF
     if not gpu_host:
         # CPU ids as this host numbers them: the container shares the host's CPUs (no cpuset)
@@ -217,6 +224,7 @@ def container_spec(
         "ports": {f"{CONTAINER_PORT}/tcp": ("127.0.0.1", port)},
         "volumes": {
             model: {"bind": model, "mode": "ro"},
+            str(MIDDLEWARE_DIR): {"bind": MIDDLEWARE_IN_CONTAINER, "mode": "ro"},
             str(home_path / "cache" / "vllm-container"): {
                 "bind": CACHE_IN_CONTAINER,
                 "mode": "rw",

@@ -1,0 +1,54 @@
+"""The vLLM servers' key: every vLLM server the project starts (candidates, the stable,
+the canary; either backend) answers only requests that carry it as ``Authorization:
+Bearer <key>``, ``/health`` aside. vLLM listens on 127.0.0.1 (a container: published on
+it), where every local user reaches it past the door; its own ``--api-key`` guards only
+paths under /v1, /v2, /inference and /cohere (``/invocations`` runs a completion without
+it), so the check is the project's own ASGI middleware on every path
+(``serving/vllm_middleware/llm_release_lock.py``, loaded by vLLM's ``--middleware``).
+
+One key a home, made at random the first time it is asked for in ``<home>/server.key``
+(0600, ``secret_files.made_secret``). The server gets it in its environment (``KEY_ENV``;
+a process's environment is readable by its owner only), never in argv; the project's own
+callers send it: the starter's readiness checks, lm-evaluation-harness, GuideLLM (from a
+0600 scenario file), the prefix-cache and drain readers of ``/metrics``, Prometheus'
+scrapes (``credentials_file``) and HAProxy, which sets it on every request it forwards
+(replacing the client's ``Authorization``)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from llm_release import paths
+from llm_release.secret_files import made_secret
+
+# The variable the middleware reads the key from (set only in the server's environment).
+KEY_ENV = "LLMRELEASE_SERVER_KEY"
+# vLLM's --middleware: the module's folder is put on the server's PYTHONPATH.
+MIDDLEWARE = "llm_release_lock.ServerLock"
+# What secrets.token_urlsafe makes (the only keys this module makes; a file edited by hand
+# to something else is refused, it would not survive a header or a HAProxy config line).
+_KEY = re.compile(r"[A-Za-z0-9_-]{32,256}")
+
+
+def key_path(home: Path | None = None) -> Path:
+    return Path(home or paths.home()) / "server.key"
+
+
+def key(home: Path | None = None) -> str:
+    """The home's server key, made (0600) the first time it is asked for."""
+    path = key_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret, _ = made_secret(
+        path,
+        "the vLLM servers' key file",
+        lambda value: bool(_KEY.fullmatch(value)),
+        f"delete {path} and restart the servers (make down, then make up): a new one is made",
+        kind="key",
+    )
+    return secret
+
+
+def headers() -> dict[str, str]:
+    """The header the project's own requests to a vLLM server carry."""
+    return {"Authorization": f"Bearer {key()}"}
