@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextvars import ContextVar
 from pathlib import Path
@@ -58,6 +60,11 @@ MIGRATION_LOCK = 0x11E_2E1E
 # A writer waits for the one before it as long as it holds the write lock: a deploy holds
 # it while its servers start (minutes), as it held the registry's file lock before.
 SQLITE_BUSY_TIMEOUT_S = 3600.0
+
+# A writer that finds the lock taken says so at once and then every WAIT_NOTICE_S, naming
+# the record and how long it may still wait (it waited in silence before).
+FIRST_WAIT_S = 2.0
+WAIT_NOTICE_S = 30.0
 
 _engines: dict[tuple[int, str], Engine] = {}
 # The writing transaction open in this context, and its thread (SQLite's nested writers
@@ -144,13 +151,61 @@ def create(url: str) -> Engine:
             dbapi_connection.execute("PRAGMA foreign_keys=ON")
             dbapi_connection.execute("PRAGMA journal_mode=WAL")
 
+        where = parsed.database or ":memory:"
+
         @event.listens_for(engine, "begin")
         def _begin(connection) -> None:
             mode = connection.get_execution_options().get("sqlite_begin", "IMMEDIATE")
-            connection.exec_driver_sql(f"BEGIN {mode}")
+            if mode != "IMMEDIATE" or not begin_immediate(
+                connection.connection.driver_connection, where
+            ):
+                connection.exec_driver_sql(f"BEGIN {mode}")
 
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def begin_immediate(
+    raw: sqlite3.Connection,
+    where: str,
+    limit_s: float = SQLITE_BUSY_TIMEOUT_S,
+    first_s: float = FIRST_WAIT_S,
+    notice_s: float = WAIT_NOTICE_S,
+) -> bool:
+    """``BEGIN IMMEDIATE`` on the raw SQLite connection: the database's write lock, waited
+    for up to ``limit_s`` as before, but in steps, with a warning after ``first_s`` and
+    then every ``notice_s`` (a deploy holds the lock while its servers start: minutes).
+    False past ``limit_s``, the busy timeout left at 1 ms: the caller's own BEGIN then
+    fails at once with SQLite's "database is locked", as SQLAlchemy reports it."""
+    started = time.monotonic()
+    step_s = first_s
+    told_at: float | None = None
+    while True:
+        left = limit_s - (time.monotonic() - started)
+        if left <= 0:
+            raw.execute("PRAGMA busy_timeout = 1")
+            return False
+        raw.execute(f"PRAGMA busy_timeout = {max(1, int(min(step_s, left) * 1000))}")
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):
+                raise
+        else:
+            raw.execute(f"PRAGMA busy_timeout = {int(limit_s * 1000)}")
+            return True
+        waited = time.monotonic() - started
+        if told_at is None or waited - told_at >= notice_s:
+            log.warning(
+                "waiting for the release record's write lock (%s): another llm-release "
+                "command is writing it (a deploy holds it while its servers start); "
+                "waited %.0f s, at most %.0f s more",
+                where,
+                waited,
+                max(0.0, limit_s - waited),
+            )
+            told_at = waited
+        step_s = min(notice_s, 5.0)
 
 
 def known_revisions() -> set[str]:
