@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 
 from llm_release import paths
-from llm_release.secret_files import made_secret
+from llm_release.errors import ConfigError
+from llm_release.secret_files import made_secret, private_file
 
 # The variable the middleware reads the key from (set only in the server's environment).
 KEY_ENV = "LLMRELEASE_SERVER_KEY"
@@ -29,6 +30,7 @@ MIDDLEWARE = "llm_release_lock.ServerLock"
 # What secrets.token_urlsafe makes (the only keys this module makes; a file edited by hand
 # to something else is refused, it would not survive a header or a HAProxy config line).
 _KEY = re.compile(r"[A-Za-z0-9_-]{32,256}")
+SETTING = "the vLLM servers' key file"
 
 
 def key_path(home: Path | None = None) -> Path:
@@ -39,14 +41,25 @@ def key(home: Path | None = None) -> str:
     """The home's server key, made (0600) the first time it is asked for."""
     path = key_path(home)
     path.parent.mkdir(parents=True, exist_ok=True)
-    secret, _ = made_secret(
-        path,
-        "the vLLM servers' key file",
-        lambda value: bool(_KEY.fullmatch(value)),
-        f"delete {path} and restart the servers (make down, then make up): a new one is made",
-        kind="key",
-    )
+    secret, _ = made_secret(path, SETTING, valid, _hint(path), kind="key")
     return secret
+
+
+def read(path: Path) -> str:
+    """The key in ``path``, made by ``key`` (checked as it checks it); ConfigError else."""
+    private_file(path, SETTING, "the servers' key file")
+    secret = Path(path).read_text("utf-8").strip()
+    if not valid(secret):
+        raise ConfigError(f"{SETTING} {path} holds no key", hint=_hint(path))
+    return secret
+
+
+def valid(value: str) -> bool:
+    return bool(_KEY.fullmatch(value))
+
+
+def _hint(path: Path) -> str:
+    return f"delete {path} and restart the servers (make down, then make up): a new one is made"
 
 
 def headers() -> dict[str, str]:

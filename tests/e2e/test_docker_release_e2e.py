@@ -162,7 +162,8 @@ def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_o
     # Its restarts, crash loop and health for Prometheus and the alert rules, as the
     # process backend's supervisor serves them (serving/container_metrics.py).
     exporter = f"http://127.0.0.1:{state.canary.supervisor_port}/metrics"
-    page = requests.get(exporter, timeout=10).text
+    assert requests.get(exporter, timeout=10).status_code == 401
+    page = requests.get(exporter, headers=server_key.headers(), timeout=10).text
     assert scraped_values(page, ["llm_release_server_restarts_total"]) == [0.0], page
     assert scraped_values(page, ["llm_release_server_crash_looping"]) == [0.0], page
     assert scraped_values(page, ["llm_release_server_up"]) == [1.0], page

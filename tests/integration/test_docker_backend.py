@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from llm_release import server_key
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
 from llm_release.decision.candidate import measure
 from llm_release.serving.backends import image
@@ -293,6 +294,8 @@ def test_a_serving_containers_restarts_reach_prometheus_through_its_metrics_proc
             "stable",
             str(port),
             "http://127.0.0.1:9/health",
+            "60",
+            str(server_key.key_path()),
         ],
         env=supervisor_env(home),
         stdout=subprocess.PIPE,
@@ -307,7 +310,8 @@ def test_a_serving_containers_restarts_reach_prometheus_through_its_metrics_proc
         looping = [0.0]
         while time.monotonic() < deadline and looping != [1.0]:
             try:
-                page = requests.get(url, timeout=2).text
+                reply = requests.get(url, headers=server_key.headers(), timeout=2)
+                page = reply.text
             except requests.ConnectionError:
                 time.sleep(0.2)
                 continue
@@ -315,6 +319,7 @@ def test_a_serving_containers_restarts_reach_prometheus_through_its_metrics_proc
             looping = scraped_values(page, ["llm_release_server_crash_looping"])
             time.sleep(0.5)
         assert looping == [1.0], (seen, exporter.poll())
+        assert requests.get(url, timeout=2).status_code == 401  # without the servers' key
         assert 'release="loop-2"' in page and 'role="stable"' in page and 'service="m"' in page
         assert scraped_values(page, ["llm_release_server_restarts_total"]) == [2.0]
         assert scraped_values(page, ["llm_release_server_up"]) == [0.0]  # no server answers

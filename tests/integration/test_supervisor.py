@@ -17,7 +17,7 @@ import psutil
 import pytest
 import requests
 
-from llm_release import registry
+from llm_release import registry, server_key
 from llm_release.config import ServingConfig
 from llm_release.serving import processes
 from llm_release.serving.backends.process import release_alive
@@ -47,7 +47,9 @@ def until(check, timeout_s: float = 30, what: str = "") -> None:
 
 
 def metric(port: int, name: str) -> float:
-    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    url = f"http://127.0.0.1:{port}/metrics"
+    assert requests.get(url, timeout=5).status_code == 401  # the servers' key, or nothing
+    text = requests.get(url, headers=server_key.headers(), timeout=5).text
     values = [
         float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")
     ]

@@ -130,6 +130,7 @@ def render_config(
             },
             {
                 "job_name": SUPERVISOR_JOB,
+                "authorization": server_auth,
                 "file_sd_configs": [{"files": [str(directory / "targets" / "supervisor.json")]}],
             },
         ],

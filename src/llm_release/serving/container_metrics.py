@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 
@@ -156,9 +157,15 @@ class ContainerCollector:
 
 
 def main(argv: list[str]) -> int:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
+
+    from llm_release import server_key
+    from llm_release.serving import locked_exporter
 
     container, service, release, role, port, health_url, *rest = argv
+    # The 8th: the servers' key file (Prometheus sends that key; an exporter without one
+    # answers nobody). A path, never the key: argv is every local user's to read.
+    key = server_key.read(Path(rest[1])) if len(rest) > 1 else ""
     if rest:
         hang_after_s = float(rest[0])
     else:
@@ -174,7 +181,7 @@ def main(argv: list[str]) -> int:
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    start_http_server(int(port), addr="127.0.0.1", registry=registry)
+    locked_exporter.serve(int(port), registry, key)
     print(f"container metrics for {release} ({container[:12]}) on 127.0.0.1:{port}", flush=True)
     while not stop.wait(POLL_S):
         try:

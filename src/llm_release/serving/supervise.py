@@ -36,11 +36,11 @@ from typing import Literal, Protocol
 import requests
 from pydantic import BaseModel, ConfigDict, Field
 
-from llm_release import paths
+from llm_release import paths, server_key
 from llm_release.errors import ServeError
 from llm_release.fileio import atomic_write_text
 from llm_release.hub.credentials import child_env
-from llm_release.serving import processes
+from llm_release.serving import locked_exporter, processes
 from llm_release.serving.serve import (
     Endpoint,
     VllmServer,
@@ -319,9 +319,10 @@ class ProcessTree:
         ).labels(*values)
 
     def serve_metrics(self) -> None:
-        from prometheus_client import start_http_server
-
-        start_http_server(self.spec.metrics_port, addr="127.0.0.1", registry=self.registry)
+        """Its figures on 127.0.0.1, for whoever holds the servers' key (its server's)."""
+        locked_exporter.serve(
+            self.spec.metrics_port, self.registry, self.spec.env.get(server_key.KEY_ENV, "")
+        )
 
     def _log(self, text: str) -> None:
         line = f"{datetime.now(UTC).isoformat()} supervisor: {text}\n"

@@ -101,7 +101,8 @@ def test_the_config_passes_promtool(tmp_path):
     # The vLLM servers and HAProxy's exporter ask for the servers' key: a file, read at
     # each scrape, never the key itself.
     auth = {job["job_name"]: job.get("authorization") for job in config["scrape_configs"]}
-    assert auth["vllm"] == auth["haproxy"] == {"type": "Bearer", "credentials_file": str(key)}
+    bearer = {"type": "Bearer", "credentials_file": str(key)}
+    assert auth == {"vllm": bearer, "haproxy": bearer, "supervisor": bearer}
     assert "k" * 43 not in prometheus.config_path.read_text()
     # Firing alerts go to the Alertmanager named in a file_sd file (followed without reload),
     # with its user and password file (read at each send; never the password itself).

@@ -321,6 +321,7 @@ class DockerServer(Server):
                     str(self.metrics_port),
                     f"{self.base_url}/health",
                     f"{RestartPolicy.from_settings().hang_after_s:g}",
+                    str(server_key.key_path()),
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
