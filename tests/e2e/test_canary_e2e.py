@@ -73,7 +73,11 @@ class FaultProxy:
                     method,
                     f"http://127.0.0.1:{target_port}{self.path}",
                     data=body or None,
-                    headers={"Content-Type": self.headers.get("Content-Type", "")},
+                    # the caller's key (HAProxy's, Prometheus', the drain's) goes through
+                    headers={
+                        "Content-Type": self.headers.get("Content-Type", ""),
+                        "Authorization": self.headers.get("Authorization", ""),
+                    },
                     timeout=120,
                 )
                 self._send(upstream.status_code, upstream.content)

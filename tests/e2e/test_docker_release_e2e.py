@@ -123,7 +123,7 @@ def test_release_with_the_docker_backend(prefect_api, home, hub, sets_reported_o
         headers=headers,
         timeout=60,
     )
-    assert chat.status_code == 200, chat.text
+    assert chat.status_code == 200, (chat.text, dict(chat.headers))
     for _ in range(20):
         models = requests.get(f"{status['lb_url']}/v1/models", headers=headers, timeout=10)
         assert models.status_code == 200
