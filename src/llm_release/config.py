@@ -41,6 +41,15 @@ def _set_name(value: str, what: str) -> str:
 
 # A candidate's name, short enough that its release id (name, commit, time) is a served name.
 MAX_CANDIDATE_NAME = 64
+# Upper bounds of the run form's numbers and lists (issue 36, low: a run parameter is input;
+# a number past these is a typo or a probe, refused in one line before any work).
+MAX_TOKENS = 10_485_760  # a context or request length: 10 Mi tokens
+MAX_GPUS = 1024  # GPUs a server may span (tensor parallel size, a count, an index)
+MAX_WAIT_S = 86_400.0  # a timeout, SLO or level duration: a day
+MAX_REVIEW_S = 7 * 86_400  # a person's answer: a week
+MAX_CONCURRENCY = 100_000  # requests in flight at one load level
+MAX_LIST = 64  # entries of a list (eval sets, load levels, ignored layers, candidates)
+MAX_REVISION = 256  # a branch, tag or commit
 # A CPU server's batch when the config names none (the demo host's two cores).
 CPU_MAX_NUM_SEQS = 16
 # vLLM's own --max-num-seqs on a GPU of >= 70 GiB (engine/arg_utils.py get_batch_defaults).
@@ -63,7 +72,12 @@ class SourceConfig(StrictModel):
     repo_id: str = Field(
         description="Repository id on the hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct"
     )
-    revision: str = Field("main", description="Branch, tag or commit; resolved to a commit first")
+    revision: str = Field(
+        "main",
+        min_length=1,
+        max_length=MAX_REVISION,
+        description="Branch, tag or commit; resolved to a commit first",
+    )
     endpoint: str | None = Field(
         None, description="hub endpoint; None uses HF_ENDPOINT / MODELSCOPE_ENDPOINT or the hub"
     )
@@ -118,7 +132,7 @@ class CandidateConfig(StrictModel):
 
     name: str
     scheme: Scheme
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"])
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], max_length=MAX_LIST)
     group_size: int = Field(
         64,
         ge=1,
@@ -129,8 +143,8 @@ class CandidateConfig(StrictModel):
         False, description="W4A16 without zero points; asymmetric (the default) loses less"
     )
     calibration_set: str = Field("manufacturing_maintenance", description="file in calibration/")
-    num_calibration_samples: int = Field(64, ge=1)
-    max_seq_length: int = Field(256, ge=16)
+    num_calibration_samples: int = Field(64, ge=1, le=100_000)
+    max_seq_length: int = Field(256, ge=16, le=MAX_TOKENS)
     extra_serving_args: list[str] = Field(
         default_factory=list,
         description="vLLM tuning flags for this candidate only, from the allow-list of "
@@ -159,7 +173,7 @@ class CandidateConfig(StrictModel):
 class ServingConfig(StrictModel):
     """The vLLM arguments operators tune; the same for every candidate of a release."""
 
-    max_model_len: int = Field(2048, ge=64)
+    max_model_len: int = Field(2048, ge=64, le=MAX_TOKENS)
     max_num_seqs: int | None = Field(
         None,
         ge=1,
@@ -208,7 +222,7 @@ class ServingConfig(StrictModel):
         "llm_release.serving.serving_flags (e.g. --max-num-batched-tokens 512); anything else is "
         "refused (docs/security.md)",
     )
-    startup_timeout_s: float = Field(900, gt=0)
+    startup_timeout_s: float = Field(900, gt=0, le=MAX_WAIT_S)
     thinking: bool = Field(
         False,
         description="reasoning models (a chat template with a thinking switch, e.g. Qwen3's "
@@ -222,7 +236,7 @@ class ServingConfig(StrictModel):
         description="process: a vLLM process in the serving virtualenv (the embedded "
         "default); docker: one container per candidate or release through the Docker SDK",
     )
-    tensor_parallel_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+    tensor_parallel_size: Annotated[int, Field(ge=1, le=MAX_GPUS)] | Literal["auto"] = Field(
         1,
         description="vLLM --tensor-parallel-size; auto: the plan's, the smallest of 1, 2, 4, "
         "8 GPUs (at most the host's) whose KV cache holds a sequence of max_model_len (1 on "
@@ -234,7 +248,11 @@ class ServingConfig(StrictModel):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="vLLM --kv-cache-dtype (fp8 halves the KV bytes per token)"
     )
-    gpus: Literal["auto", "all"] | int | list[int] = Field(
+    gpus: (
+        Literal["auto", "all"]
+        | Annotated[int, Field(ge=1, le=MAX_GPUS)]
+        | Annotated[list[Annotated[int, Field(ge=0, lt=MAX_GPUS)]], Field(max_length=MAX_GPUS)]
+    ) = Field(
         "auto",
         description="GPUs a server gets on a GPU host: auto (tensor_parallel_size free GPUs), "
         "all, a count of free GPUs, or a list of GPU indices; never GPUs another running "
@@ -347,12 +365,14 @@ class TuneConfig(StrictModel):
         description="coordinate: descent from the planner's start with racing and early "
         "stops; exhaustive: every grid point at every level (for benchmarks)",
     )
-    max_num_seqs: list[int] = Field(
+    max_num_seqs: list[Annotated[int, Field(ge=1, le=65536)]] = Field(
         default_factory=lambda: [1, 2, 4, 8, 16],
+        max_length=MAX_LIST,
         description="--max-num-seqs values to try",
     )
-    max_num_batched_tokens: list[int | None] = Field(
+    max_num_batched_tokens: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)] | None] = Field(
         default_factory=lambda: [None],
+        max_length=MAX_LIST,
         description="--max-num-batched-tokens values to try; null: vLLM's default",
     )
     enable_prefix_caching: list[bool] = Field(
@@ -362,11 +382,13 @@ class TuneConfig(StrictModel):
         default_factory=list,
         description="GPU only (ignored on CPU); empty: serving.gpu_memory_utilization",
     )
-    concurrencies: list[int] | None = Field(
-        None, description="load levels of the tuning sweep; null: load.concurrencies"
+    concurrencies: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(
+        None,
+        max_length=MAX_LIST,
+        description="load levels of the tuning sweep; null: load.concurrencies",
     )
     requests_per_level: int | None = Field(
-        None, ge=1, description="requests per level; null: load.requests_per_level"
+        None, ge=1, le=1_000_000, description="requests per level; null: load.requests_per_level"
     )
     itl_p95_slo_ms: float | None = Field(
         None,
@@ -424,15 +446,20 @@ MAX_EVAL_CONCURRENCY = 64  # lm-eval opens a connection per request in flight
 
 
 class EvalConfig(StrictModel):
-    eval_sets: list[str] = Field(default_factory=lambda: ["manufacturing_kb", "refusal_kb"])
+    eval_sets: list[str] = Field(
+        default_factory=lambda: ["manufacturing_kb", "refusal_kb"], max_length=MAX_LIST
+    )
     num_concurrent: int | None = Field(
         None,
         ge=1,
+        le=1024,
         description="requests lm-eval keeps in flight. Default: the candidate server's "
         "max_num_seqs (at most 64), so the evaluation fills the batch the server was sized "
         "for; 4 against the live stable release, which serves users",
     )
-    limit: int | None = Field(None, ge=1, description="evaluate only the first N items")
+    limit: int | None = Field(
+        None, ge=1, le=10_000_000, description="evaluate only the first N items"
+    )
 
     def concurrency(self, serving: ServingConfig | None) -> int:
         """In-flight requests against a server with ``serving`` (None: the live stable).
@@ -476,13 +503,18 @@ class SharedPrefix(StrictModel):
 class LoadProfile(StrictModel):
     """GuideLLM sweep. CPU-sized by default; use [10, 50, 100] on a GPU host."""
 
-    concurrencies: list[int] = Field(default_factory=lambda: [1, 4])
-    requests_per_level: int = Field(8, ge=1)
-    prompt_tokens: int = Field(
-        128, ge=1, description="each request's own tokens (after its shared prefix, if any)"
+    concurrencies: list[Annotated[int, Field(le=MAX_CONCURRENCY)]] = Field(
+        default_factory=lambda: [1, 4], max_length=MAX_LIST
     )
-    output_tokens: int = Field(32, ge=1)
-    max_seconds_per_level: float = Field(300, gt=0)
+    requests_per_level: int = Field(8, ge=1, le=1_000_000)
+    prompt_tokens: int = Field(
+        128,
+        ge=1,
+        le=MAX_TOKENS,
+        description="each request's own tokens (after its shared prefix, if any)",
+    )
+    output_tokens: int = Field(32, ge=1, le=MAX_TOKENS)
+    max_seconds_per_level: float = Field(300, gt=0, le=MAX_WAIT_S)
     shared_prefix: SharedPrefix | None = Field(
         None,
         description="None: prompts that share nothing (random text); else the prefix the "
@@ -501,7 +533,9 @@ class Gates(StrictModel):
     """Serving gates. Quality gates are data: each eval set declares its own (see
     eval_sets/defaults.yaml and the ``gates:`` key of an eval set's task.yaml)."""
 
-    ttft_p95_slo_s: float = Field(3.0, gt=0, description="TTFT p95 at every load level")
+    ttft_p95_slo_s: float = Field(
+        3.0, gt=0, le=MAX_WAIT_S, description="TTFT p95 at every load level"
+    )
     max_error_rate: float = Field(0.01, ge=0, le=1)
     itl_p95_slo_ms: float = Field(
         250,
@@ -527,6 +561,7 @@ class AnalysisConfig(StrictModel):
     min_canary_requests: int = Field(
         20,
         ge=1,
+        le=1_000_000,
         description="fewer canary requests in the window make it inconclusive: the p95 of "
         "fewer than 20 requests is just their slowest one",
     )
@@ -535,7 +570,7 @@ class AnalysisConfig(StrictModel):
         description="None: the project's own Prometheus; else the http(s) URL of one that "
         "scrapes the servers with the labels service, release and role",
     )
-    query_timeout_s: float = Field(10, gt=0, description="per PromQL query")
+    query_timeout_s: float = Field(10, gt=0, le=600, description="per PromQL query")
     latency_max_ratio: float = Field(
         1.25,
         ge=1,
@@ -592,7 +627,9 @@ class AnalysisConfig(StrictModel):
 class ReviewConfig(StrictModel):
     """A human decides when a gate is inconclusive and its set says ``review``."""
 
-    timeout_s: int = Field(3600, ge=1, description="no answer within this time rejects")
+    timeout_s: int = Field(
+        3600, ge=1, le=MAX_REVIEW_S, description="no answer within this time rejects"
+    )
     auto: Literal["approve", "reject"] | None = Field(
         None,
         description="answer without asking (for unattended demos and tests); the report and "
@@ -654,7 +691,7 @@ class RolloutConfig(StrictModel):
         "without asking (unattended demos; the report and the log say so)",
     )
     approval_timeout_s: int = Field(
-        3600, ge=1, description="no answer within this time rolls the canary back"
+        3600, ge=1, le=MAX_REVIEW_S, description="no answer within this time rolls the canary back"
     )
     analysis: AnalysisConfig = Field(default_factory=lambda: AnalysisConfig())
     traffic: TrafficConfig | None = Field(
@@ -688,7 +725,8 @@ class ReleaseConfig(StrictModel):
         default_factory=lambda: [
             CandidateConfig(name="fp8-dynamic", scheme="FP8_DYNAMIC"),
             CandidateConfig(name="w4a16-awq", scheme="W4A16_AWQ"),
-        ]
+        ],
+        max_length=16,
     )
     serving: ServingConfig = Field(default_factory=ServingConfig)
     evaluation: EvalConfig = Field(default_factory=EvalConfig)

@@ -161,3 +161,51 @@ def test_served_names_follow_one_rule_with_a_bound():
     assert ReleaseConfig(source=SourceConfig(repo_id="a/b.c-d_e")).served_name() == "b.c-d_e"
     with pytest.raises(ValidationError, match="at most 64 characters"):
         CandidateConfig(name="c" * 65, scheme="FP8_DYNAMIC")
+
+
+@pytest.mark.parametrize(
+    ("section", "value", "field"),
+    [
+        ("serving", {"tensor_parallel_size": 10**9}, "tensor_parallel_size"),
+        ("serving", {"gpus": 10**9}, "gpus"),
+        ("serving", {"gpus": list(range(2000))}, "gpus"),
+        ("serving", {"max_model_len": 10**15}, "max_model_len"),
+        ("serving", {"startup_timeout_s": 1e300}, "startup_timeout_s"),
+        ("evaluation", {"num_concurrent": 10**9}, "num_concurrent"),
+        ("evaluation", {"eval_sets": ["s"] * 1000}, "eval_sets"),
+        ("load", {"concurrencies": [10**9]}, "concurrencies"),
+        ("load", {"concurrencies": list(range(1, 500))}, "concurrencies"),
+        ("load", {"requests_per_level": 10**12}, "requests_per_level"),
+        ("load", {"prompt_tokens": 10**15}, "prompt_tokens"),
+        ("load", {"max_seconds_per_level": 1e15}, "max_seconds_per_level"),
+        ("gates", {"ttft_p95_slo_s": 1e15}, "ttft_p95_slo_s"),
+        ("review", {"timeout_s": 10**15}, "timeout_s"),
+        ("rollout", {"approval_timeout_s": 10**15}, "approval_timeout_s"),
+        ("tune", {"max_num_seqs": [10**9]}, "max_num_seqs"),
+        ("source", {"repo_id": "a/b", "revision": "r" * 100_000}, "revision"),
+    ],
+)
+def test_run_form_numbers_and_lists_have_upper_bounds(section, value, field):
+    """A run parameter past a bound is refused before any work (issue 36, low)."""
+    data = {"source": {"repo_id": "acme/model"}, section: value}
+    with pytest.raises(ValidationError) as caught:
+        ReleaseConfig.model_validate(data)
+    assert any(field in map(str, error["loc"]) for error in caught.value.errors())
+
+
+def test_three_thousand_candidates_are_refused():
+    many = [{"name": f"c{i}", "scheme": "FP8_DYNAMIC"} for i in range(3000)]
+    with pytest.raises(ValidationError, match="candidates"):
+        ReleaseConfig.model_validate({"source": {"repo_id": "acme/model"}, "candidates": many})
+
+
+def test_large_but_real_settings_still_pass():
+    ReleaseConfig.model_validate(
+        {
+            "source": {"repo_id": "acme/model", "revision": "f" * 40},
+            "serving": {"tensor_parallel_size": 8, "gpus": [0, 1, 2, 3, 4, 5, 6, 7]},
+            "load": {"concurrencies": [10, 50, 100, 1000], "prompt_tokens": 262_144},
+            "evaluation": {"num_concurrent": 256},
+            "review": {"timeout_s": 3 * 86_400},
+        }
+    )
