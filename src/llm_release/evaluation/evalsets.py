@@ -163,7 +163,7 @@ _BLOCK_SCALAR = re.compile(r"(?:^|[\s:-])[|>][-+0-9]*[ \t]*(?:#.*)?$")
 _INDICATORS = re.compile(r"(?:[-?:](?:[ \t]+|$))+")
 
 
-def _check_nesting(path: Path, text: str) -> None:
+def check_nesting(path: Path, text: str) -> None:
     """Nesting bounded on the raw text, before any YAML parser sees it: PyYAML's scanner
     slows down with the square of the flow depth ('[[[[…' of 100 KB took 83 s of CPU) and
     its composer recurses once per level. Counted conservatively: every '[' or '{' opens a
@@ -243,7 +243,7 @@ def _check_yaml_structure(path: Path, text: str) -> None:
 
 def _read_yaml(path: Path) -> dict:
     text = _read_text(path, MAX_YAML_BYTES)
-    _check_nesting(path, text)
+    check_nesting(path, text)
     try:
         _check_yaml_structure(path, text)
         data = yaml.safe_load(text)
@@ -547,12 +547,54 @@ def available(root: Path | None = None) -> list[str]:
     )
 
 
+# data.jsonl bounds: a business set is thousands of items of a few KB; one item is a prompt's
+# passage and its answer.
+MAX_DATA_BYTES = 64 * 1024 * 1024
+MAX_ITEM_CHARS = 1024 * 1024
+
+
+def _json_depth(line: str) -> int:
+    """The deepest nesting of '[' / '{' in a JSON line, strings skipped (no parser)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in line:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def load_items(eval_set: EvalSet) -> list[dict]:
     """The items, each checked for an id, a reference answer and well-formed tags."""
     items, seen = [], {}
-    for lineno, line in enumerate(_read_text(eval_set.data_path).splitlines(), 1):
+    text = _read_text(eval_set.data_path, MAX_DATA_BYTES)
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
+        if len(line) > MAX_ITEM_CHARS:
+            raise EvalSetError(
+                eval_set.data_path,
+                lineno,
+                None,
+                f"an item of {len(line)} characters; at most {MAX_ITEM_CHARS}",
+            )
+        if _json_depth(line) > MAX_NESTING:
+            # json.loads recurses once a level: 50,000 '[' is a RecursionError, which took
+            # 'eval-sets list' down for every set
+            raise EvalSetError(
+                eval_set.data_path, lineno, None, f"nested deeper than {MAX_NESTING} levels"
+            )
         try:
             item = json.loads(line)
         except json.JSONDecodeError as exc:

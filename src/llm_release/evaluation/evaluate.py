@@ -10,14 +10,17 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Annotated
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llm_release import paths, server_key
-from llm_release.errors import EvalError
+from llm_release.errors import EvalError, one_line
 from llm_release.evaluation import metrics
 from llm_release.evaluation.evalsets import (
     EvalSet,
+    check_nesting,
     check_templates,
     defaults,
     fingerprint,
@@ -55,16 +58,60 @@ def _offline() -> Iterator[None]:
                 os.environ[key] = value
 
 
+class Decoding(BaseModel):
+    """``decoding.yaml``'s values, bounded (a file of the eval-set repository, edited by
+    people who do not change code: a 10⁹ ``max_gen_toks`` or a thousand stop strings is a
+    one-line error, not a stuck evaluation)."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)
+
+    version: int = Field(ge=1, le=1_000_000)
+    temperature: float = Field(ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_gen_toks: int = Field(ge=1, le=131_072)
+    until: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(max_length=16)
+
+
+MAX_DECODING_BYTES = 16 * 1024
+
+
 def load_decoding(path: Path | None = None) -> dict:
+    """The fixed decoding parameters, as written (their dict is part of judgement and
+    measurement keys), after the checks of ``Decoding``."""
     path = path or paths.eval_sets_dir() / "decoding.yaml"
     try:
-        decoding = yaml.safe_load(path.read_text())
+        size = path.stat().st_size
+        if size > MAX_DECODING_BYTES:
+            raise EvalError(
+                f"decoding parameters {path} are {size} bytes; at most {MAX_DECODING_BYTES}",
+                hint="decoding.yaml holds five keys: version, temperature, top_p, "
+                "max_gen_toks, until",
+            )
+        text = path.read_text("utf-8")
     except FileNotFoundError as exc:
         raise EvalError(f"decoding parameters {path} are missing") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EvalError(f"decoding parameters {path} cannot be read: {exc}") from None
+    check_nesting(path, text)
+    try:
+        decoding = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise EvalError(f"{path}: not valid YAML ({one_line(str(exc))[:200]})") from None
+    if not isinstance(decoding, dict):
+        raise EvalError(f"{path}: must be a mapping of decoding parameters")
     required = {"version", "temperature", "max_gen_toks", "until"}
     missing = required - set(decoding)
     if missing:
         raise EvalError(f"{path}: missing keys {sorted(missing)}")
+    try:
+        Decoding.model_validate(decoding)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise EvalError(
+            f"{path}: {where}: {first['msg']}",
+            hint="bump 'version' after fixing it: results of different versions are not compared",
+        ) from None
     return decoding
 
 

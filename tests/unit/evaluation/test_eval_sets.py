@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llm_release import paths
 from llm_release.cli import main as cli
@@ -15,6 +16,7 @@ from llm_release.evaluation.evalsets import (
     available,
     describe,
     load_eval_set,
+    load_items,
     scaffold,
     validate,
 )
@@ -435,3 +437,69 @@ def test_dataset_loading_is_local_json_only(root, old, new, field):
     with pytest.raises(EvalSetError) as info:
         load_eval_set("kb2", root)
     assert info.value.field.startswith(field) and info.value.line is not None
+
+
+def test_one_deeply_nested_item_is_one_line_naming_its_set(root):
+    """50,000 '[' in one item was a RecursionError that broke 'eval-sets list' for every
+    set (issue 36, low); now it is that set's error, naming the file and line."""
+    data = root / "kb2" / "data.jsonl"
+    deep = '{"id": "deep", "answer": "x", "extra": ' + "[" * 50_000 + "]" * 50_000 + "}"
+    data.write_text(data.read_text() + deep + "\n")
+    lines = len(data.read_text().splitlines())
+    with pytest.raises(EvalSetError, match=f"data.jsonl:{lines}: nested deeper than 32"):
+        load_items(load_eval_set("kb2", root))
+    # the brackets of a string are text, not nesting
+    data.write_text('{"id": "s", "answer": "' + "[" * 100 + '"}\n')
+    assert [i["id"] for i in load_items(load_eval_set("kb2", root))] == ["s"]
+
+
+def test_an_oversized_item_or_data_file_is_refused(root, monkeypatch):
+    from llm_release.evaluation import evalsets
+
+    data = root / "kb2" / "data.jsonl"
+    data.write_text('{"id": "big", "answer": "' + "x" * (evalsets.MAX_ITEM_CHARS + 1) + '"}\n')
+    with pytest.raises(EvalSetError, match="data.jsonl:1: an item of"):
+        load_items(load_eval_set("kb2", root))
+    monkeypatch.setattr(evalsets, "MAX_DATA_BYTES", 100)
+    data.write_text('{"id": "a", "answer": "' + "x" * 200 + '"}\n')
+    with pytest.raises(EvalSetError, match="bytes; at most 100 allowed"):
+        load_items(load_eval_set("kb2", root))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("max_gen_toks: 1000000000", "max_gen_toks"),
+        ("temperature: 50", "temperature"),
+        ("until: [" + ", ".join(['"s"'] * 100) + "]", "until"),
+        ("top_p: 0", "top_p"),
+        ("secret_hook: 1", "secret_hook"),
+        ("until: " + "[" * 200 + "]" * 200, "nest"),
+    ],
+)
+def test_decoding_values_are_bounded(tmp_path, edit, message):
+    path = tmp_path / "decoding.yaml"
+    base = {
+        "version": "version: 1",
+        "temperature": "temperature: 0.0",
+        "top_p": "top_p: 1.0",
+        "max_gen_toks": "max_gen_toks: 48",
+        "until": 'until: ["\\n\\n"]',
+    }
+    key = edit.split(":")[0]
+    base[key] = edit
+    path.write_text("\n".join(base.values()) + "\n")
+    with pytest.raises(EvalError, match=message):
+        load_decoding(path)
+
+
+def test_an_oversized_decoding_file_is_refused(tmp_path):
+    path = tmp_path / "decoding.yaml"
+    path.write_text("version: 1\n" + "# padding\n" * 5000)
+    with pytest.raises(EvalError, match="bytes; at most"):
+        load_decoding(path)
+
+
+def test_the_repos_decoding_passes_and_is_returned_as_written():
+    decoding = load_decoding()
+    assert decoding == yaml.safe_load((paths.eval_sets_dir() / "decoding.yaml").read_text())
