@@ -64,8 +64,25 @@ SERVICE_PORTS = (
 DEMO_HUB_PORT = 8765
 # Cloud metadata services outside the link-local ranges: AWS's IPv6 instance metadata
 # (a unique-local address, not fe80::/10) and Alibaba Cloud's.
+# Cloud metadata services outside the link-local ranges: AWS's IPv6 (fd00:ec2::254), GCP's
+# IPv6 (fd20:ce::254), Oracle Cloud's IPv4 and IPv6 (192.0.0.192, fd00:c1::a9fe:a9fe),
+# Alibaba's (100.100.100.200). Azure, GCP's and DigitalOcean's IPv4 are link-local.
 METADATA_ADDRESSES = frozenset(
-    {ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200")}
+    ipaddress.ip_address(a)
+    for a in (
+        "fd00:ec2::254",
+        "fd20:ce::254",
+        "192.0.0.192",
+        "fd00:c1::a9fe:a9fe",
+        "100.100.100.200",
+    )
+)
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits: NAT64 (64:ff9b::/96,
+# 64:ff9b:1::/48) and the deprecated IPv4-compatible form (::/96).
+_EMBEDDING_V4 = (
+    ipaddress.ip_network("64:ff9b::/96"),
+    ipaddress.ip_network("64:ff9b:1::/48"),
+    ipaddress.ip_network("::/96"),
 )
 PROMETHEUS_URL_FIELD = "rollout.analysis.prometheus_url"
 # Named secrets, and anything whose name says it is one.
@@ -274,9 +291,15 @@ def _resolved(host: str, port: int) -> list[ipaddress.IPv4Address | ipaddress.IP
 
 def _link_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """A link-local address or a cloud metadata service's (IPv4-mapped spellings too)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_link_local or address in METADATA_ADDRESSES
+    candidates = [address]
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            candidates.append(address.ipv4_mapped)
+        if address.sixtofour is not None:  # 2002:a9fe:a9fe::/48
+            candidates.append(address.sixtofour)
+        if any(address in net for net in _EMBEDDING_V4):
+            candidates.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return any(a.is_link_local or a in METADATA_ADDRESSES for a in candidates)
 
 
 def _this_host(host: str, addresses: list) -> bool:
@@ -337,7 +360,8 @@ def check_hub_endpoint(url: str, *, resolve: bool = True) -> str:
     if any(_link_local(a) for a in addresses):
         raise ConfigError(
             f"hub endpoint {url} is a link-local address (169.254.0.0/16, fe80::/10, where "
-            "cloud metadata services answer) or a cloud metadata address (fd00:ec2::254)",
+            "cloud metadata services answer) or a cloud metadata address (fd00:ec2::254, "
+            "fd20:ce::254, 192.0.0.192, …)",
             hint=hint,
         )
     if _own_service(host, port, addresses, _service_ports()):

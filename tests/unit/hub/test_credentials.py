@@ -168,6 +168,13 @@ def policy(monkeypatch):
         "http://[fe80::1]:8765",
         "http://[::ffff:169.254.169.254]",
         "http://[fd00:ec2::254]",  # AWS's IPv6 metadata service: unique-local, not fe80::/10
+        "http://[fd20:ce::254]",  # GCP's IPv6 metadata service
+        "http://192.0.0.192",  # Oracle Cloud's
+        "http://[fd00:c1::a9fe:a9fe]",  # Oracle Cloud's IPv6
+        "http://[64:ff9b::a9fe:a9fe]",  # 169.254.169.254 through NAT64
+        "http://[64:ff9b::169.254.169.254]",
+        "http://[::a9fe:a9fe]",  # the IPv4-compatible spelling
+        "http://[2002:a9fe:a9fe::1]",  # 6to4 of 169.254.169.254
     ],
 )
 def test_link_local_endpoints_are_refused(policy, url):
