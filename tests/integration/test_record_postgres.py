@@ -451,3 +451,30 @@ def test_a_writer_killed_mid_transaction_leaves_the_record_consistent(record_url
         assert store.slots(session)["stable"].release_id == "baseline-next"
         assert session.get(ReleaseRow, "baseline-next").state == "stable"
     assert [(e["event"], e["release"]) for e in _read().history] == [("stable", "baseline-next")]
+
+
+@pytest.mark.postgres
+def test_a_writer_waiting_for_the_registrys_row_on_postgresql_says_so(
+    home, postgres_url, monkeypatch, caplog
+):
+    """A row lock waits for ever by default, in silence (issue 36, low): the writer waits in
+    steps, says so after 2 s naming what it waits for, and goes on once the lock is free."""
+    monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", postgres_url)
+    registry.save(RegistryState(router_port=8080))
+    engine = store.create(postgres_url)
+    caplog.set_level(logging.WARNING, logger="llm_release.record.store")
+    try:
+        holder = Session(engine)
+        store.lock_registry(holder)
+        threading.Timer(4.0, holder.rollback).start()
+        started = time.monotonic()
+        with store.transaction() as session:
+            store.lock_registry(session)
+        waited = time.monotonic() - started
+        holder.close()
+    finally:
+        engine.dispose()
+    assert 3.0 < waited < 30, (waited, [r.getMessage() for r in caplog.records])
+    notices = [r.getMessage() for r in caplog.records if "waiting for" in r.getMessage()]
+    assert len(notices) == 1 and "the registry's row" in notices[0], notices
+    assert "at most" in notices[0] and "password" not in notices[0]

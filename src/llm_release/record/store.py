@@ -24,7 +24,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
@@ -64,6 +64,8 @@ SQLITE_BUSY_TIMEOUT_S = 3600.0
 # A writer that finds the lock taken says so at once and then every WAIT_NOTICE_S, naming
 # the record and how long it may still wait (it waited in silence before).
 FIRST_WAIT_S = 2.0
+# PostgreSQL's SQLSTATE for a lock_timeout that ran out (lock_not_available)
+LOCK_NOT_AVAILABLE = "55P03"
 WAIT_NOTICE_S = 30.0
 
 _engines: dict[tuple[int, str], Engine] = {}
@@ -325,9 +327,53 @@ def upsert(session: Session, row_type: type[Base], values: dict[str, Any]) -> No
 
 def lock_registry(session: Session) -> RegistryRow:
     """The registry's row, locked to the end of the transaction (writers take turns)."""
-    return session.execute(
-        select(RegistryRow).where(RegistryRow.id == 1).with_for_update()
-    ).scalar_one()
+    statement = select(RegistryRow).where(RegistryRow.id == 1).with_for_update()
+    if session.get_bind().dialect.name == "postgresql":
+        _wait_saying_so(session, lambda: session.execute(statement), "the registry's row")
+    return session.execute(statement).scalar_one()
+
+
+def _wait_saying_so(
+    session: Session,
+    take: Callable[[], object],
+    what: str,
+    limit_s: float = SQLITE_BUSY_TIMEOUT_S,
+    first_s: float = FIRST_WAIT_S,
+    notice_s: float = WAIT_NOTICE_S,
+) -> None:
+    """PostgreSQL: ``take`` a lock as SQLite's writers do (``begin_immediate``): in steps
+    of ``lock_timeout`` inside a savepoint, a warning after ``first_s`` and then every
+    ``notice_s``, at most ``limit_s`` (a row lock waits for ever by default). The lock is
+    held, to the end of the transaction, when this returns."""
+    started = time.monotonic()
+    step_s = first_s
+    told_at: float | None = None
+    while True:
+        left = limit_s - (time.monotonic() - started)
+        try:
+            with session.begin_nested():
+                timeout_ms = max(1, int(min(step_s, max(left, 0.001)) * 1000))
+                session.execute(text(f"SET LOCAL lock_timeout = {timeout_ms}"))
+                take()
+            session.execute(text("SET LOCAL lock_timeout = 0"))
+            return
+        except OperationalError as exc:
+            if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE or left <= 0:
+                raise
+        waited = time.monotonic() - started
+        if told_at is None or waited - told_at >= notice_s:
+            where = session.get_bind().url.render_as_string(hide_password=True)
+            log.warning(
+                "waiting for the release record's lock on %s (%s): another llm-release "
+                "command is writing it (a deploy holds it while its servers start); "
+                "waited %.0f s, at most %.0f s more",
+                what,
+                where,
+                waited,
+                max(0.0, limit_s - waited),
+            )
+            told_at = waited
+        step_s = min(notice_s, 5.0)
 
 
 def lock_gpu_claims(session: Session) -> list[GpuClaimRow]:
@@ -336,7 +382,8 @@ def lock_gpu_claims(session: Session) -> list[GpuClaimRow]:
     mode (a new claim is an insert, which a row lock could not keep out; readers do not
     wait). SQLite: the transaction's ``BEGIN IMMEDIATE`` holds the database already."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(text(f"LOCK TABLE {GpuClaimRow.__tablename__} IN EXCLUSIVE MODE"))
+        lock = text(f"LOCK TABLE {GpuClaimRow.__tablename__} IN EXCLUSIVE MODE")
+        _wait_saying_so(session, lambda: session.execute(lock), "the GPU ledger")
     return list(session.execute(select(GpuClaimRow).order_by(GpuClaimRow.holder)).scalars())
 
 
