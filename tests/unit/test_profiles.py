@@ -52,13 +52,18 @@ def test_profiles_and_their_files_agree():
     assert PROFILES["cpu_demo"] == FILES["demo"]
     assert PROFILES["gpu_demo"] == FILES["demo-gpu"]
     # The GPU demo is the gpu_host sizing at a third of a GPU (stable, canary and a measured
-    # candidate share one), with the demo's approvals and canary walk.
+    # candidate share one), served eager with fewer requests a level (its model is 135M: the
+    # demo's GPU time is vLLM starts), with the demo's approvals and canary walk.
     gpu_demo = dict(FILES["demo-gpu"])
     assert gpu_demo.pop("review") == {"auto": "approve"} and gpu_demo.pop("rollout")
     assert gpu_demo.pop("serving") == PROFILES["gpu_host"]["serving"] | {
-        "gpu_memory_utilization": 0.3
+        "gpu_memory_utilization": 0.3,
+        "enforce_eager": True,
     }
-    assert gpu_demo == {k: v for k, v in PROFILES["gpu_host"].items() if k != "serving"}
+    assert gpu_demo.pop("load") == PROFILES["gpu_host"]["load"] | {"requests_per_level": 100}
+    assert gpu_demo == {
+        k: v for k, v in PROFILES["gpu_host"].items() if k not in ("serving", "load")
+    }
     # The updates' files are the demos' with no quantized candidates.
     assert FILES["demo-update"] == {"candidates": []} | FILES["demo"]
     assert FILES["demo-gpu-update"] == {"candidates": []} | FILES["demo-gpu"]
