@@ -11,6 +11,11 @@
 #        'make demo' in its own session; wait for it up to SECONDS
 #   bash scripts/gpu/device_demo.sh wait SECONDS   wait for the demo again (a later trip)
 #
+# DEMO_CONFIG=FILE DEMO_UPDATE_CONFIG=FILE (make demo's own knobs) pass through: on
+# 2026-12-05, with too little device time left for the whole demo, both were
+# configs/demo-gpu-update.json (no quantized candidates) to run promote, the canary walk and
+# the update on the GPU.
+#
 # Every trip sends back steps.log, the demo's log so far and, once it has ended, demo.tgz
 # (the release's and the update's results, reports, the worker's and every vLLM's log).
 # /tmp is kept only between back-to-back trips (the machine's 30 s warm window); the demo
@@ -109,7 +114,7 @@ if [ ! -f /tmp/demo/started ]; then
   fi
   log "$(grep -E '^setup: (branch|host torch|done|[0-9]+ s)' /tmp/demo/setup.log | tr '\n' ' ' | cut -c1-600)"
   touch /tmp/demo/started
-  log "make demo (in its own session)"
+  log "make demo (in its own session)${DEMO_CONFIG:+ DEMO_CONFIG=$DEMO_CONFIG}${DEMO_UPDATE_CONFIG:+ DEMO_UPDATE_CONFIG=$DEMO_UPDATE_CONFIG}"
   setsid bash -c 'make demo > /tmp/demo/demo.log 2>&1; echo $? > /tmp/demo/rc' < /dev/null &
 fi
 wait_demo
