@@ -71,6 +71,19 @@ def own_model_folder(path: str | Path) -> Path | None:
     return None
 
 
+def servers_dir() -> Path:
+    """The served releases' logs, each ``<role>-<release_id>.log``, and their supervisors'
+    spec and state files beside them."""
+    return home() / "servers"
+
+
+def own_run_folder(path: str | Path) -> Path | None:
+    """``path`` resolved when it is a run's folder, directly under ``runs_dir``; None
+    otherwise (the record names it, and anyone with its database can edit it)."""
+    real = Path(os.path.realpath(path))
+    return real if real.parent == Path(os.path.realpath(runs_dir())) else None
+
+
 def router_dir() -> Path:
     return home() / "router"
 

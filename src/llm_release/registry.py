@@ -10,6 +10,8 @@ record's first start on a project home (``record/legacy.py``).
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +25,13 @@ from llm_release.config import STORED, ServingConfig
 from llm_release.errors import ReleaseError, StateError
 from llm_release.record import store
 from llm_release.record.state import read_releases, read_state, write_state
+
+log = logging.getLogger(__name__)
+
+_RESTORE_HINT = (
+    "the record was edited, or its database is another project home's: restore the record "
+    "from a backup, or point LLM_RELEASE_DATABASE_URL at this home's own record"
+)
 
 
 class Origin(BaseModel):
@@ -92,9 +101,49 @@ def recorded_model_dir(release: Release, what: str, error: type[ReleaseError] = 
         raise error(
             f"{what} model_dir {release.model_dir[:300]!r} is outside the project's model "
             f"folders ({roots})",
-            hint="the record was edited, or its database is another project home's: "
-            "restore the record from a backup, or point LLM_RELEASE_DATABASE_URL at this "
-            "home's own record",
+            hint=_RESTORE_HINT,
+        )
+    return real
+
+
+def recorded_log_path(release: Release, what: str, error: type[ReleaseError] = StateError) -> Path:
+    """``release.log_path`` when it is a log file of the project's servers folder
+    (``<home>/servers/<name>.log``, where the pipeline writes every one), and no link, FIFO
+    or device sits there; ``error`` in one line otherwise. A stop copies a container's log
+    into it, a restart appends to it, status reads the supervisor's state beside it."""
+    path = Path(release.log_path)
+    servers = Path(os.path.realpath(paths.servers_dir()))
+    if (
+        not path.is_absolute()
+        or path.suffix != ".log"
+        or Path(os.path.realpath(path.parent)) != servers
+    ):
+        raise error(
+            f"{what} log_path {release.log_path[:300]!r} is not a log of {servers}",
+            hint=_RESTORE_HINT,
+        )
+    real = servers / path.name
+    if real.is_symlink() or (real.exists() and not real.is_file()):
+        raise error(
+            f"{what} log_path {release.log_path[:300]!r} is a link or not a regular file",
+            hint=_RESTORE_HINT,
+        )
+    return real
+
+
+def recorded_run_dir(release: Release) -> Path | None:
+    """``release.run_dir`` when it is a run's folder of this home (``paths.runs_dir``); None
+    when the release has none or the record names a folder elsewhere (logged: its report is
+    then not read, and nothing of it is published)."""
+    if not release.run_dir:
+        return None
+    real = paths.own_run_folder(release.run_dir)
+    if real is None:
+        log.warning(
+            "the record's run_dir for %s, %r, is not a run folder of %s: its report is not read",
+            release.release_id,
+            release.run_dir[:300],
+            paths.runs_dir(),
         )
     return real
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import requests
 from pydantic import BaseModel, ConfigDict, Field
 
-from llm_release import paths, registry, safety, server_key
+from llm_release import paths, registry, server_key
 from llm_release.canary import alertmanager, basic_auth, prometheus
 from llm_release.canary.publish import origin_of
 from llm_release.canary.router import Router, SlotTarget
@@ -80,7 +80,7 @@ def ensure_no_canary() -> None:
 
 def _start_release(target: DeployTarget, public_name: str, role: str) -> Release:
     release_id = f"{target.candidate}-{target.commit[:8]}-{time.strftime('%Y%m%d%H%M%S')}"
-    log_path = paths.home() / "servers" / f"{role}-{release_id}.log"
+    log_path = paths.servers_dir() / f"{role}-{release_id}.log"
     endpoint = start_detached(
         target.model_dir,
         [public_name, release_id],
@@ -111,19 +111,12 @@ def _restart(release: Release, role: str = "stable") -> Release:
     # too) and writes a log only under the home, where the pipeline put them.
     what = f"the release registry's {role} release"
     model_dir = registry.recorded_model_dir(release, what)
-    home = paths.home()
-    if not safety.within(home, release.log_path):
-        raise StateError(
-            f"{what} log_path {release.log_path[:300]!r} is outside {home}",
-            hint="the record was edited, or its database is another project home's: "
-            "restore the record from a backup, or point LLM_RELEASE_DATABASE_URL at this "
-            "home's own record",
-        )
+    log_path = registry.recorded_log_path(release, what)
     endpoint = start_detached(
         model_dir,
         [release.public_name, release.release_id],
         release.serving,
-        Path(release.log_path),
+        log_path,
         owner=Owner(role=role, release_id=release.release_id, candidate=release.candidate),
     )
     return release.model_copy(update=_server_identity(endpoint))

@@ -23,7 +23,7 @@ from llm_release.fileio import folder_sha256
 from llm_release.hub.acquire import MANIFEST_SUFFIX
 from llm_release.hub.publish import Lineage, Published, PublishTarget, publish, publish_target
 from llm_release.quantization.quantize import RECORD
-from llm_release.registry import Origin, Release
+from llm_release.registry import Origin, Release, recorded_run_dir
 from llm_release.results import CANDIDATE_RESULT, CandidateResult, EvalResult
 
 logger = logging.getLogger(__name__)
@@ -31,9 +31,9 @@ logger = logging.getLogger(__name__)
 
 def winner_evals(release: Release) -> list[EvalResult]:
     """The release's eval results as measured in its run; [] when none can be read."""
-    if not release.run_dir:
+    run_dir = recorded_run_dir(release)
+    if run_dir is None:
         return []
-    run_dir = Path(release.run_dir)
     try:
         report = json.loads((run_dir / "report.json").read_text())
         for raw in report.get("results", []):

@@ -112,11 +112,11 @@ class ReleaseLineage(Record):
     )
 
 
-def _report(run_dir: str | None) -> ReleaseReport | None:
-    if not run_dir:
+def _report(run_dir: Path | None) -> ReleaseReport | None:
+    if run_dir is None:
         return None
     try:
-        return ReleaseReport.model_validate_json((Path(run_dir) / "report.json").read_text())
+        return ReleaseReport.model_validate_json((run_dir / "report.json").read_text())
     except (OSError, ValueError, ValidationError):
         return None
 
@@ -260,7 +260,7 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
         line.missing.append("quantization record")
     if not origin.files:
         line.missing.append("artifact hashes")
-    report = _report(release.run_dir)
+    report = _report(registry.recorded_run_dir(release))
     _measured(line, release, report)
     _decided(line, release, report)
     _walked(line, release, report, history)

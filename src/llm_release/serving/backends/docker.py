@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_release import paths, server_key
 from llm_release.config import ServingConfig
-from llm_release.errors import ServeError
-from llm_release.registry import Release
+from llm_release.errors import ServeError, StateError
+from llm_release.registry import Release, recorded_log_path
 from llm_release.serving import gpus, processes
 from llm_release.serving.backends import image
 from llm_release.serving.backends.docker_client import (
@@ -489,7 +489,10 @@ def stop_release(release: Release, grace_s: float = 20) -> bool:
     if found is None or not _is_recorded(found, release):
         return False
     was_running = found.status == "running"
-    _save_log(found, Path(release.log_path))
+    try:
+        _save_log(found, recorded_log_path(release, f"release {release.release_id}'s"))
+    except StateError as exc:  # the record names no log of ours: the log is not copied
+        log.warning("%s", exc.one_line())
     _remove(found, grace_s)
     return was_running
 

@@ -3,10 +3,29 @@ a serving release's under a supervisor: ``supervise.SupervisedServer``)."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 from llm_release import paths
-from llm_release.registry import Release
+from llm_release.errors import StateError
+from llm_release.registry import Release, recorded_log_path
 from llm_release.serving import processes, supervise
 from llm_release.serving.serve import stop_process_group
+
+log = logging.getLogger(__name__)
+
+
+def _supervisor_log(release: Release) -> Path | None:
+    """The log beside which the release's supervisor keeps its spec and state, when the
+    record names one of the servers folder's logs; None (logged) when it names anything
+    else: no file of it is then read, signalled or written."""
+    if release.supervisor_port is None:
+        return None
+    try:
+        return recorded_log_path(release, f"release {release.release_id}'s")
+    except StateError as exc:
+        log.warning("%s", exc.one_line())
+        return None
 
 
 def _recorded_alive(release: Release) -> bool:
@@ -25,7 +44,8 @@ def release_alive(release: Release) -> bool:
         return False
     if release.supervisor_port is None:
         return True
-    state = supervise.read_state(release.log_path)
+    log_path = _supervisor_log(release)
+    state = supervise.read_state(log_path) if log_path else None
     return state is None or state.state not in supervise.GAVE_UP
 
 
@@ -33,18 +53,17 @@ def stop_release(release: Release, grace_s: float = 20) -> bool:
     """Stop the recorded server (a supervisor stops its server first), and the server group
     a supervisor last ran should the supervisor be gone."""
     stopped = _recorded_alive(release) and stop_process_group(release.pid, grace_s)
-    if release.supervisor_port is not None:
-        stopped = supervise.stop_server_group(release.log_path) or stopped
+    log_path = _supervisor_log(release)
+    if log_path is not None:
+        stopped = supervise.stop_server_group(log_path) or stopped
     return stopped
 
 
 def crash_looping(release: Release) -> str | None:
-    if release.supervisor_port is None:
-        return None
-    return supervise.crash_looping(release.log_path)
+    log_path = _supervisor_log(release)
+    return supervise.crash_looping(log_path) if log_path else None
 
 
 def server_summary(release: Release) -> dict | None:
-    if release.supervisor_port is None:
-        return None
-    return supervise.summary(release.log_path)
+    log_path = _supervisor_log(release)
+    return supervise.summary(log_path) if log_path else None
