@@ -21,12 +21,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy.orm import Session
 
 from llm_release import paths, safety
-from llm_release.config import STORED, ServingConfig
+from llm_release.config import MAX_REVISION, REPO_ID, STORED, ServingConfig
 from llm_release.errors import ReleaseError, StateError
 from llm_release.record import store
 from llm_release.record.state import read_releases, read_state, write_state
 
 log = logging.getLogger(__name__)
+
+# Linux's largest pid (/proc/sys/kernel/pid_max can be raised to 2**22, no further).
+PID_MAX = 2**22
 
 _RESTORE_HINT = (
     "the record was edited, or its database is another project home's: restore the record "
@@ -57,19 +60,22 @@ class Release(BaseModel):
     release_id: str
     candidate: str
     scheme: str
-    repo_id: str
-    commit: str
+    repo_id: str = Field(pattern=f"^{REPO_ID}$", max_length=MAX_REVISION)
+    commit: str = Field(pattern=f"^{safety.COMMIT.pattern}$")
     model_dir: str
     public_name: str
-    port: int
+    # Every port the pipeline records is one a server picked above 1023 (a record naming a
+    # privileged one was written by hand).
+    port: int = Field(ge=1024, le=65535)
     # The process backend's server: its pid and start time, together its identity (a pid
-    # alone can be reused). The docker backend's: ``container`` (id), and pid 0.
-    pid: int = 0
-    pid_started: float | None = None
-    container: str | None = None
+    # alone can be reused; kill() reads a negative one as a process group, -1 as every
+    # process). The docker backend's: ``container`` (its id), and pid 0.
+    pid: int = Field(0, ge=0, le=PID_MAX)
+    pid_started: float | None = Field(None, ge=0)
+    container: str | None = Field(None, pattern=r"^[0-9a-f]{12,64}$")
     # The process backend's supervisor (then ``pid`` is the supervisor's, which restarts
     # vLLM when it dies): the port of its /metrics. None: an unsupervised server.
-    supervisor_port: int | None = None
+    supervisor_port: int | None = Field(None, ge=1024, le=65535)
     log_path: str
     run_dir: str | None = None
     serving: ServingConfig
@@ -175,10 +181,10 @@ class RolloutStatus(BaseModel):
 class RegistryState(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    router_port: int | None = None
+    router_port: int | None = Field(None, ge=1024, le=65535)
     stable: Release | None = None
     canary: Release | None = None
-    canary_weight: int = 0
+    canary_weight: int = Field(0, ge=0, le=100)
     rollout: RolloutStatus | None = None
     history: list[dict] = Field(default_factory=list)
 

@@ -381,7 +381,7 @@ def test_model_update_of_a_released_commit_ends_in_seconds(
         commit=commit,
         model_dir=str(model),
         public_name="control-room",
-        port=1,
+        port=20001,
         pid=1,
         log_path="/dev/null",
         serving=ServingConfig(),

@@ -254,7 +254,7 @@ def test_dockers_restart_policy_restarts_a_serving_release_then_it_is_crash_loop
         commit="0" * 40,
         model_dir=str(tmp_path),
         public_name="m",
-        port=1,
+        port=20001,
         container=container.id,
         log_path=str(tmp_path / "canary.log"),
         serving=ServingConfig(backend="docker"),

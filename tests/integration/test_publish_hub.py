@@ -70,7 +70,7 @@ def release(home, tiny_model_dir, tmp_path):
         commit="a" * 40,
         model_dir=str(model_dir),
         public_name="svc",
-        port=1,
+        port=20001,
         log_path="/dev/null",
         run_dir=str(run_dir),
         serving=ServingConfig(),

@@ -21,7 +21,7 @@ def serving_smollm(tmp_path, monkeypatch):
         commit="a" * 40,
         model_dir=str(tmp_path / "m"),
         public_name="SmolLM2-135M-Instruct",
-        port=9,
+        port=20009,
         pid=0,
         log_path=str(tmp_path / "log"),
         serving=ServingConfig(),

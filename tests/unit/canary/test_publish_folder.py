@@ -63,7 +63,7 @@ def _release(model_dir) -> Release:
         commit="a" * 40,
         model_dir=str(model_dir),
         public_name="svc",
-        port=1,
+        port=20001,
         log_path="/dev/null",
         serving=ServingConfig(),
     )

@@ -29,7 +29,7 @@ def _release(pid: int, started: float | None, name: str) -> Release:
         commit="0" * 40,
         model_dir="/nonexistent",
         public_name="svc",
-        port=1,
+        port=20001,
         pid=pid,
         pid_started=started,
         log_path="/dev/null",

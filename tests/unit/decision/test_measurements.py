@@ -18,7 +18,7 @@ def test_settings_read_back_from_a_release_record_fingerprint_alike():
         commit="c" * 40,
         model_dir="/m",
         public_name="b",
-        port=1,
+        port=20001,
         pid=1,
         log_path="/l",
         serving=serving,

@@ -11,7 +11,7 @@ from llm_release import registry
 from llm_release.config import ServingConfig
 from llm_release.errors import StateError
 from llm_release.record import store
-from llm_release.record.schema import ReleaseRow
+from llm_release.record.schema import RegistryRow, ReleaseRow
 from llm_release.registry import RegistryState, Release
 
 
@@ -108,3 +108,42 @@ def test_a_release_with_a_flag_for_a_name_is_never_made():
             _release("baseline-1").model_validate(
                 {**_release("baseline-1").model_dump(), field: "--host=0.0.0.0"}
             )
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "why"),
+    [
+        ("pid", -1, "greater than or equal to 0"),  # kill(-1) signals every process
+        ("pid", 2**31, "less than or equal to"),
+        ("port", 22, "greater than or equal to 1024"),  # the key would go to sshd
+        ("port", 70000, "less than or equal to 65535"),
+        ("supervisor_port", 80, "greater than or equal to 1024"),
+        ("container", "--rm", "should match pattern"),
+        ("commit", "main", "should match pattern"),
+        ("repo_id", "../../etc", "should match pattern"),
+        ("pid_started", -5.0, "greater than or equal to 0"),
+    ],
+)
+def test_a_recorded_number_or_id_out_of_its_range_is_refused_on_load(home, column, value, why):
+    registry.save(RegistryState(stable=_release("baseline-1")))
+    with store.transaction() as session:
+        session.execute(update(ReleaseRow).values({column: value}))
+    with pytest.raises(StateError, match=rf"stable\.{column}: .*{why}") as caught:
+        registry.load()
+    assert "\n" not in caught.value.one_line()
+    with store.transaction() as session:  # the home fixture's teardown reads the registry
+        original = getattr(_release("baseline-1"), column)
+        session.execute(update(ReleaseRow).values({column: original}))
+
+
+@pytest.mark.parametrize(("column", "value"), [("router_port", 443), ("canary_weight", 101)])
+def test_the_registrys_own_numbers_out_of_range_are_refused_on_load(home, column, value):
+    registry.save(RegistryState(router_port=8080, stable=_release("baseline-1")))
+    with store.transaction() as session:
+        session.execute(update(RegistryRow).values({column: value}))
+    with pytest.raises(StateError, match=rf"\({column}: .*than or equal to"):
+        registry.load()
+    with store.transaction() as session:
+        session.execute(
+            update(RegistryRow).values({column: 8080 if column == "router_port" else 0})
+        )

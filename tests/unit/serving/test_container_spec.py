@@ -400,7 +400,7 @@ def test_an_old_registry_without_containers_still_loads(home, tmp_path, monkeypa
             "commit": "a" * 40,
             "model_dir": str(home / "m"),
             "public_name": "b",
-            "port": 9,
+            "port": 9009,
             "pid": 123,
             "pid_started": 1.5,
             "log_path": str(home / "log"),

@@ -267,7 +267,7 @@ def release(model_dir: Path, thinking: bool) -> registry.Release:
         commit="0" * 40,
         model_dir=str(model_dir),
         public_name="m",
-        port=1,
+        port=20001,
         log_path="/dev/null",
         serving=ServingConfig(thinking=thinking),
     )
