@@ -7,6 +7,7 @@ after an approval sent through Prefect's API, as the UI's form does. Then the st
 is killed under steady traffic: restarted, serving, counted and alerted. The release record of the whole story is
 a real PostgreSQL database (issue 25: the e2e once against PostgreSQL)."""
 
+import hashlib
 import json
 import os
 import re
@@ -226,7 +227,7 @@ def target(name, model_dir):
         scheme="unquantized",
         model_dir=model_dir,
         repo_id="tests/tiny-llama",
-        commit=(name * 40)[:40],
+        commit=hashlib.sha1(name.encode()).hexdigest(),
         serving=ServingConfig(enforce_eager=True, max_model_len=512, max_num_seqs=4),
     )
 

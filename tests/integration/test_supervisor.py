@@ -7,6 +7,7 @@ A real vLLM killed and back through the router: tests/e2e/test_canary_e2e.py."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import sys
@@ -234,7 +235,9 @@ def test_up_brings_the_recorded_releases_back_behind_the_router_with_their_weigh
 
     def target(name: str) -> DeployTarget:
         serving = ServingConfig(dtype="float32", max_num_seqs=4, startup_timeout_s=30)
-        return DeployTarget(name, "unquantized", model, "a/b", name * 40, serving)
+        return DeployTarget(
+            name, "unquantized", model, "a/b", hashlib.sha1(name.encode()).hexdigest(), serving
+        )
 
     def served() -> int:
         router = promote.router_for(registry.load())

@@ -4,8 +4,11 @@ vLLM counts, per engine, the prompt tokens it looked up in its prefix cache and 
 found (``vllm:prefix_cache_queries_total`` and ``vllm:prefix_cache_hits_total`` at
 ``/metrics``, ``vllm/v1/metrics/loggers.py``). GuideLLM runs every level in one process, so
 the counters are read every ``INTERVAL_S`` while it runs (``CacheSampler``, a thread) and
-each level's rate is the counters' growth between the last reading before its first request
-and the first reading after its last one (``hit_rate``). Parsed with prometheus_client's
+each level's rate is the counters' growth between the last reading answered before its first
+request and the first one asked for after its last (``hit_rate``): a page's counters are of
+some moment between the asking and the answer, and on a loaded machine the answer can come
+a second after the asking, so a reading only closes a level that was over when it was asked
+for (one that closed it on its answer once counted 2 of a level's 6 requests). Parsed with prometheus_client's
 own text parser. A server that exposes no such counters (not vLLM, or caching off) gives
 None, never a made-up 0.
 """
@@ -27,7 +30,8 @@ INTERVAL_S = 0.5
 
 @dataclass(frozen=True)
 class Reading:
-    at: float  # time.time() when the answer came
+    asked: float  # time.time() when the page was asked for: its counters are of this or later
+    answered: float  # time.time() when it came: its counters are of this or earlier
     queries: float
     hits: float
 
@@ -49,12 +53,13 @@ def parse_counters(page: str) -> tuple[float, float] | None:
 
 
 def read(base_url: str, timeout_s: float = 2.0) -> Reading | None:
+    asked = time.time()
     try:
         reply = requests.get(f"{base_url}/metrics", headers=server_key.headers(), timeout=timeout_s)
         counters = parse_counters(reply.text) if reply.status_code == 200 else None
     except (requests.RequestException, ValueError):
         return None
-    return Reading(time.time(), *counters) if counters else None
+    return Reading(asked, time.time(), *counters) if counters else None
 
 
 class CacheSampler:
@@ -92,14 +97,15 @@ class CacheSampler:
 
 def hit_rate(readings: list[Reading], start: float, end: float) -> float | None:
     """The share of prompt tokens found in the cache between ``start`` and ``end``: from
-    the last reading at or before ``start`` to the first at or after ``end``. None when
-    the readings do not bracket the window or no prompt token was looked up."""
-    before = [r for r in readings if r.at <= start]
-    after = [r for r in readings if r.at >= end]
+    the last reading answered at or before ``start`` to the first asked for at or after
+    ``end``. None when the readings do not bracket the window or no prompt token was looked
+    up."""
+    before = [r for r in readings if r.answered <= start]
+    after = [r for r in readings if r.asked >= end]
     if not before or not after:
         return None
-    first = max(before, key=lambda r: r.at)
-    last = min(after, key=lambda r: r.at)
+    first = max(before, key=lambda r: r.answered)
+    last = min(after, key=lambda r: r.asked)
     queries = last.queries - first.queries
     if queries <= 0:
         return None

@@ -31,16 +31,30 @@ def test_the_counters_are_summed_over_engines():
 
 def test_a_levels_rate_is_the_counters_growth_around_its_requests():
     readings = [
-        Reading(0.0, 0, 0),
-        Reading(1.0, 100, 0),  # level 1 starts at 1.2: its base is this reading
-        Reading(2.0, 600, 300),
-        Reading(3.0, 1100, 700),  # level 1 ends at 2.9: this closes it
-        Reading(4.0, 1100, 700),
+        Reading(0.0, 0.1, 0, 0),
+        Reading(1.0, 1.1, 100, 0),  # level 1 starts at 1.2: its base is this reading
+        Reading(2.0, 2.1, 600, 300),
+        Reading(3.0, 3.1, 1100, 700),  # level 1 ends at 2.9: this closes it
+        Reading(4.0, 4.1, 1100, 700),
     ]
     assert hit_rate(readings, 1.2, 2.9) == pytest.approx(700 / 1000)
     assert hit_rate(readings, 3.5, 3.9) is None  # nothing looked up: no rate, not 0
     assert hit_rate(readings, 3.5, 9.0) is None  # no reading after the window
     assert hit_rate(readings, -1.0, 2.0) is None  # none before it
+
+
+def test_a_slow_answer_closes_no_level_that_ended_after_it_was_asked_for():
+    # On a loaded machine a page asked for at 2.0 came at 3.0: its counters are of some
+    # moment in between, before the level's last requests (it ends at 2.9) were counted.
+    # Taken for the level's close it gave 0.47 where the level's own rate was 0.79.
+    readings = [
+        Reading(0.5, 0.6, 0, 0),
+        Reading(2.0, 3.0, 1084, 512),
+        Reading(3.2, 3.3, 3252, 2560),
+    ]
+    assert hit_rate(readings, 1.0, 2.9) == pytest.approx(2560 / 3252)
+    # nor opens one that began before its answer came: the reading answered at 0.6 does
+    assert hit_rate(readings, 2.5, 3.1) == pytest.approx(2560 / 3252)
 
 
 def test_prompts_sharing_nothing_keep_guidellms_plain_synthetic_data():
