@@ -235,6 +235,10 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("X-Error-Code", code)
         self.send_header("X-Error-Message", message)
+        if self.close_connection:
+            # Said, not only done: a client's pool (huggingface_hub shares one) must not
+            # send its next request down a connection this hub is closing.
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)

@@ -165,13 +165,35 @@ def cmd_traffic(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def hub_token_path() -> Path:
+    """The demo hub's write token (0600, made at its first 'hub serve'): reads are open, as
+    a public hub's are; a write (a new repo, an upload, a commit) needs it, so no other local
+    user can put a revision upstream for the scheduled model-update to release."""
+    return paths.home() / "hub.token"
+
+
 def cmd_hub(args: argparse.Namespace) -> None:
     from demo.hub_server import make_server, publish_repo
+    from llm_release import server_key
+    from llm_release.secret_files import made_secret
 
     root = Path(args.root) if args.root else paths.home() / "hub"
     if args.action == "serve":
-        server = make_server(root, "127.0.0.1", args.port)
-        print(f"hub serving {root} at http://127.0.0.1:{args.port}", flush=True)
+        token_path = hub_token_path()
+        token_path.parent.mkdir(parents=True, exist_ok=True)
+        token, _ = made_secret(
+            token_path,
+            "the demo hub's write token",
+            server_key.valid,
+            f"delete {token_path} and start the hub again: a new one is made",
+            kind="token",
+        )
+        server = make_server(root, "127.0.0.1", args.port, token=token)
+        print(
+            f"hub serving {root} at http://127.0.0.1:{args.port} "
+            f"(writes need Authorization: Bearer <the token in {token_path}>)",
+            flush=True,
+        )
         try:
             server.serve_forever()
         except KeyboardInterrupt:
