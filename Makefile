@@ -21,6 +21,10 @@ CLI := .venv/bin/llm-release
 PIDS := $(LLM_RELEASE_HOME)/pids
 HUB_URL := http://127.0.0.1:$(HUB_PORT)
 PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
+# The Prefect API's credentials (made by flows.server at 'make prefect-up', 0600): every
+# Prefect client the Makefile starts gets them in its environment, never in its argv.
+PREFECT_AUTH := $(LLM_RELEASE_HOME)/prefect-api.auth
+PREFECT_CLIENT = PREFECT_API_URL=$(PREFECT_API) PREFECT_API_AUTH_STRING="$$(cat $(PREFECT_AUTH))"
 
 .PHONY: help setup wheelhouse image demo test test-fast lint hub-up prefect-up worker-up up down status bench
 
@@ -74,12 +78,12 @@ prefect-up: setup
 	@# Idempotent: the project's block types, the host-slot limit, and (NOTIFY_WEBHOOK=URL)
 	@# the automations that post failed runs and rollbacks to that webhook, and Alertmanager's
 	@# receiver of the alerts that fire (the same URL, saved under the project home).
-	@PREFECT_API_URL=$(PREFECT_API) $(PY) -m flows.control $(if $(NOTIFY_WEBHOOK),--webhook-url $(NOTIFY_WEBHOOK))
+	@$(PREFECT_CLIENT) $(PY) -m flows.control $(if $(NOTIFY_WEBHOOK),--webhook-url $(NOTIFY_WEBHOOK))
 
 # The work pool, every deployment of prefect.yaml, and one process worker (its log:
 # .llm-release/worker.log; 'make down' stops it). What the UI's Run button needs.
 worker-up: prefect-up
-	@export PREFECT_API_URL=$(PREFECT_API) LLM_RELEASE_PROJECT=$(CURDIR); \
+	@export $(PREFECT_CLIENT) LLM_RELEASE_PROJECT=$(CURDIR); \
 	.venv/bin/prefect work-pool inspect llm-release >/dev/null 2>&1 || \
 	  .venv/bin/prefect work-pool create llm-release --type process >/dev/null || exit 1; \
 	.venv/bin/prefect --no-prompt deploy --all > $(LLM_RELEASE_HOME)/deploy.log 2>&1 || \
@@ -97,7 +101,7 @@ worker-up: prefect-up
 # approvals given by the config; on CUDA vLLM configs/demo-gpu*.json, the gpu_host sizing:
 # scripts/demo-config.sh) so the demo runs unattended; the deployments' own defaults
 # (profile cpu_host) ask a person.
-DEMO_RUN = PREFECT_API_URL=$(PREFECT_API) $(PY) -m
+DEMO_RUN = $(PREFECT_CLIENT) $(PY) -m
 demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	@configs=$$(bash scripts/demo-config.sh) || exit 1; read -r config update_config <<< "$$configs"; \
 	echo "demo: $$config, then $$update_config (scripts/demo-config.sh: the serving runtime's)"; \
@@ -129,7 +133,7 @@ demo: hub-up worker-up $(if $(filter docker,$(SERVING_BACKEND)),image)
 	  echo "report: $$report"; \
 	fi; \
 	echo "update wall time: $$((end - start)) s"; \
-	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)"; \
+	echo "Prefect UI: http://127.0.0.1:$(PREFECT_PORT)  (it asks once for the string in $(PREFECT_AUTH))"; \
 	echo "load balancer: http://127.0.0.1:$(ROUTER_PORT)  (try: curl -H \"Authorization: Bearer \$$(cat $(LLM_RELEASE_HOME)/router/client.key)\" http://127.0.0.1:$(ROUTER_PORT)/v1/models)"; \
 	echo "Prometheus: http://127.0.0.1:$(PROMETHEUS_PORT)  (data: $(LLM_RELEASE_HOME)/prometheus)"; \
 	echo "Alertmanager: http://127.0.0.1:$(ALERTMANAGER_PORT)  (alerts to NOTIFY_WEBHOOK of make prefect-up; basic auth: user llm-release, password in $(LLM_RELEASE_HOME)/alertmanager/password)"; \

@@ -5,7 +5,17 @@ waited for until its API reports healthy. A server already healthy on the port i
 Its database: ``LLM_RELEASE_PREFECT_DATABASE_URL`` (a PostgreSQL URL, any driver spelling)
 is given to Prefect as ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with the asyncpg driver
 Prefect needs; unset, Prefect keeps its SQLite file under ``PREFECT_HOME``. Prefect creates
-and migrates its tables at the first start on an empty database (docs/prefect-ui.md)."""
+and migrates its tables at the first start on an empty database (docs/prefect-ui.md).
+
+Its API asks for credentials: on 127.0.0.1 every local user reaches it, and an open API
+lets anyone run a deployment with their own parameters, resume a release paused for a
+human's review, or read every run's parameters. The server gets Prefect's
+``PREFECT_SERVER_API_AUTH_STRING`` (HTTP Basic on every API path but its health checks, and
+the events websocket's handshake), a random string made once in ``<home>/prefect-api.auth``
+(0600); the project's Prefect clients (``make prefect-up``'s control step, the worker and its
+flow runs, ``make demo``'s runs) send it as ``PREFECT_API_AUTH_STRING``, and the UI asks for it
+once. Children the flows start (vLLM, lm-eval, GuideLLM, HAProxy) never get it
+(``credentials.SECRET_ENV``)."""
 
 from __future__ import annotations
 
@@ -19,13 +29,44 @@ from pathlib import Path
 import requests
 from sqlalchemy.engine import make_url
 
+from llm_release import paths, server_key
 from llm_release.errors import ConfigError, PrefectServerError, ReleaseError
 from llm_release.hub.credentials import child_env
+from llm_release.secret_files import made_secret
 from llm_release.serving.serve import stop_process_group
 from llm_release.settings import env_name, settings
 
 PREFECT_DATABASE_VARIABLE = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 DRIVER = "postgresql+asyncpg"
+AUTH_VARIABLE = "PREFECT_SERVER_API_AUTH_STRING"  # the server's
+CLIENT_AUTH_VARIABLE = "PREFECT_API_AUTH_STRING"  # its clients'
+
+
+def auth_path() -> Path:
+    return paths.home() / "prefect-api.auth"
+
+
+def auth_string() -> str:
+    """The Prefect API's credentials, made (0600) the first time they are asked for."""
+    path = auth_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret, _ = made_secret(
+        path,
+        "the Prefect API's credentials",
+        server_key.valid,
+        f"delete {path}, then 'make down' and 'make prefect-up worker-up': new ones are made",
+        kind="credential",
+    )
+    return secret
+
+
+def open_to_anyone(api: str) -> bool:
+    """The API at ``api`` answers a request that carries no credentials (an API path, not
+    the health check, which Prefect leaves open)."""
+    try:
+        return requests.get(f"{api}/admin/version", timeout=5).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def prefect_database_url(url: str) -> str:
@@ -84,9 +125,17 @@ def healthy(api: str) -> bool:
 def start(port: int, log: Path, pid_file: Path, timeout_s: float = 120) -> str:
     """Start the server unless one answers on ``port``; what happened, in one line."""
     api = f"http://127.0.0.1:{port}/api"
+    credentials = auth_string()  # made before any client of this home asks for them
     if healthy(api):
+        if open_to_anyone(api):
+            return (
+                f"Prefect server: already running at http://127.0.0.1:{port}, OPEN to every "
+                "local user (started before it asked for credentials, or not by this project): "
+                "'make down', then 'make prefect-up worker-up' restarts it locked"
+            )
         return f"Prefect server: already running at http://127.0.0.1:{port}"
     env, database = server_environment()
+    env[AUTH_VARIABLE] = credentials
     prefect = Path(sys.executable).parent / "prefect"
     log.parent.mkdir(parents=True, exist_ok=True)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -111,7 +160,10 @@ def start(port: int, log: Path, pid_file: Path, timeout_s: float = 120) -> str:
                 hint=f"read {log}; a PostgreSQL database must exist and accept the URL's user",
             )
         time.sleep(0.5)
-    return f"Prefect server: http://127.0.0.1:{port} (UI and API), database {database}"
+    return (
+        f"Prefect server: http://127.0.0.1:{port} (UI and API), database {database}; "
+        f"its API asks for the credentials in {auth_path()} (the UI asks for them once)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

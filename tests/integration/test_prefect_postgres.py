@@ -5,6 +5,8 @@ run against its API is read back from the API and found in PostgreSQL's ``flow_r
 
 from __future__ import annotations
 
+import base64
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +27,7 @@ def test_prefect_server_runs_on_postgresql(postgres_url, tmp_path, monkeypatch):
     from prefect.client.orchestration import get_client
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
 
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -33,6 +35,9 @@ def test_prefect_server_runs_on_postgresql(postgres_url, tmp_path, monkeypatch):
     # Prefect with the asyncpg driver.
     monkeypatch.setenv("LLM_RELEASE_PREFECT_DATABASE_URL", postgres_url)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PREFECT_API_AUTH_STRING", raising=False)
+    monkeypatch.delenv("PREFECT_SERVER_API_AUTH_STRING", raising=False)
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     monkeypatch.setenv("PREFECT_UI_ENABLED", "false")
     monkeypatch.delenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", raising=False)
@@ -53,6 +58,19 @@ def test_prefect_server_runs_on_postgresql(postgres_url, tmp_path, monkeypatch):
         assert "database PostgreSQL" in started.stdout, started.stdout
         assert "postgresql+asyncpg://" in started.stdout, started.stdout
         assert requests.get(f"{api}/health", timeout=5).json() is True
+        # Its API asks for the home's credentials (0600): a local user without them gets
+        # 401 on every path but the health checks, with them the API answers.
+        auth_file = tmp_path / "home" / "prefect-api.auth"
+        assert stat.S_IMODE(auth_file.stat().st_mode) == 0o600
+        auth = auth_file.read_text().strip()
+        basic = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
+        wrong = {"Authorization": "Basic " + base64.b64encode(b"llm-release:guess").decode()}
+        for path in ("/admin/version", "/deployments/filter", "/flow_runs/filter"):
+            call = requests.get if path == "/admin/version" else requests.post
+            assert call(f"{api}{path}", timeout=5).status_code == 401, path
+            assert call(f"{api}{path}", headers=wrong, timeout=5).status_code == 401, path
+            assert call(f"{api}{path}", headers=basic, timeout=5).status_code == 200, path
+        assert "credentials" in started.stdout, started.stdout
         # A second start finds it healthy and leaves it as it is.
         again = subprocess.run(
             [sys.executable, "-m", "flows.server", "--port", str(port)]
@@ -63,12 +81,13 @@ def test_prefect_server_runs_on_postgresql(postgres_url, tmp_path, monkeypatch):
             timeout=60,
         )
         assert again.returncode == 0 and "already running" in again.stdout, again.stdout
+        assert "OPEN" not in again.stdout, again.stdout
 
         @flow(name="pg-probe", persist_result=False)
         def probe(n: int) -> int:
             return n * 2
 
-        with temporary_settings({PREFECT_API_URL: api}):
+        with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: auth}):
             state = probe(21, return_state=True)
             assert state.is_completed() and state.result() == 42
             run_id = state.state_details.flow_run_id

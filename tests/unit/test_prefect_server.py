@@ -75,3 +75,15 @@ def test_the_record_s_database_is_refused(monkeypatch):
     monkeypatch.setenv(VARIABLE, "postgresql://prefect:b@db:5432/prefect")
     env, _ = server.server_environment()
     assert env[server.PREFECT_DATABASE_VARIABLE].endswith("@db:5432/prefect")
+
+
+def test_a_server_already_running_open_is_reported_with_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path))
+    monkeypatch.setattr(server, "healthy", lambda api: True)
+    monkeypatch.setattr(server, "open_to_anyone", lambda api: True)
+    line = server.start(4200, tmp_path / "log", tmp_path / "pid")
+    assert "OPEN to every local user" in line and "make prefect-up worker-up" in line
+    # the credentials are made all the same, for the clients of the server that follows
+    assert (tmp_path / "prefect-api.auth").stat().st_mode & 0o777 == 0o600
+    monkeypatch.setattr(server, "open_to_anyone", lambda api: False)
+    assert "OPEN" not in server.start(4200, tmp_path / "log", tmp_path / "pid")

@@ -86,7 +86,14 @@ _EMBEDDING_V4 = (
 )
 PROMETHEUS_URL_FIELD = "rollout.analysis.prometheus_url"
 # Named secrets, and anything whose name says it is one.
-SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "MODELSCOPE_API_TOKEN", "PREFECT_API_KEY")
+SECRET_ENV = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "MODELSCOPE_API_TOKEN",
+    "PREFECT_API_KEY",
+    "PREFECT_API_AUTH_STRING",
+    "PREFECT_SERVER_API_AUTH_STRING",
+)
 # Whole words of the name only: TOKENIZERS_PARALLELISM is not a secret.
 SECRET_NAME = re.compile(
     r"(?i)(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|SECRET_KEY|CREDENTIALS?)($|_)"

@@ -53,6 +53,8 @@ def test_child_env_has_no_secrets(monkeypatch):
         "HUGGING_FACE_HUB_TOKEN",
         "MODELSCOPE_API_TOKEN",
         "PREFECT_API_KEY",
+        "PREFECT_API_AUTH_STRING",  # the project's Prefect API credentials (flows/server.py)
+        "PREFECT_SERVER_API_AUTH_STRING",
         "AWS_SECRET_ACCESS_KEY",
         "GITHUB_TOKEN",
         "DB_PASSWORD",
