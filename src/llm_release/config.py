@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Literal
 
@@ -170,6 +171,44 @@ class CandidateConfig(StrictModel):
         return value
 
 
+class Speculation(StrictModel):
+    """Speculative decoding as vLLM's ``--speculative-config`` takes it, in the shapes a
+    release may use: prompt lookup (``ngram``: drafts copied from the prompt, no second
+    model) or the model's own multi-token-prediction head (``mtp``: Qwen3.5, DeepSeek-V3 and
+    others whose checkpoint carries one). Numbers only: no draft model, no path
+    (``serve.vllm_args`` writes the JSON; ``--speculative-config`` in extra_args is
+    refused and pointed here). Greedy answers should not change; the tuner takes a setting
+    with it only when they do not and goodput improves (serving/tune.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["ngram", "mtp"]
+    num_speculative_tokens: int = Field(ge=1, le=8, description="tokens drafted a step")
+    prompt_lookup_max: int | None = Field(
+        None, ge=1, le=16, description="ngram: the longest n-gram looked up (vLLM's default: 5)"
+    )
+    prompt_lookup_min: int | None = Field(
+        None, ge=1, le=16, description="ngram: the shortest n-gram looked up (vLLM's: 5 or max)"
+    )
+
+    @model_validator(mode="after")
+    def _lookup(self) -> Speculation:
+        if self.method != "ngram" and (self.prompt_lookup_max or self.prompt_lookup_min):
+            raise ValueError("prompt_lookup_max / prompt_lookup_min are for method ngram only")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        if low is not None and high is not None and low > high:
+            raise ValueError("prompt_lookup_min must not exceed prompt_lookup_max")
+        return self
+
+    def vllm_json(self) -> str:
+        """The value of vLLM's --speculative-config."""
+        return json.dumps(self.model_dump(exclude_none=True), sort_keys=True)
+
+    def label(self) -> str:
+        lookup = f"/{self.prompt_lookup_max}" if self.prompt_lookup_max else ""
+        return f"{self.method}:{self.num_speculative_tokens}{lookup}"
+
+
 class ServingConfig(StrictModel):
     """The vLLM arguments operators tune; the same for every candidate of a release."""
 
@@ -205,6 +244,9 @@ class ServingConfig(StrictModel):
     )
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
+    speculation: Speculation | None = Field(
+        None, description="speculative decoding (vLLM --speculative-config); None: off"
+    )
     dtype: Literal["fastest", "auto", "bfloat16", "float16", "float32"] = Field(
         "fastest",
         description="fastest: bfloat16 on a GPU; on a CPU the faster of bfloat16 and float32 "
@@ -378,6 +420,13 @@ class TuneConfig(StrictModel):
     enable_prefix_caching: list[bool] = Field(
         default_factory=lambda: [True], description="prefix caching on and/or off"
     )
+    speculation: list[Speculation | None] = Field(
+        default_factory=lambda: [None],
+        max_length=16,
+        description="speculative decoding settings to try beside none (always tried), e.g. "
+        '{"method": "ngram", "num_speculative_tokens": 3}; one is taken only if its greedy '
+        "answers match those without it and its goodput is higher",
+    )
     gpu_memory_utilization: list[float] = Field(
         default_factory=list,
         description="GPU only (ignored on CPU); empty: serving.gpu_memory_utilization",
@@ -418,6 +467,13 @@ class TuneConfig(StrictModel):
         if not value or any(v is not None and v < 1 for v in value):
             raise ValueError("max_num_batched_tokens: positive integers or null, at least one")
         return value
+
+    @field_validator("speculation")
+    @classmethod
+    def _speculation(cls, value: list[Speculation | None]) -> list[Speculation | None]:
+        # Without speculation is always a choice: it is the reference whose greedy answers
+        # a setting with speculation must keep, and what is kept when speculation does not pay.
+        return [None, *dict.fromkeys(v for v in value if v is not None)]
 
     @field_validator("enable_prefix_caching")
     @classmethod

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llm_release.config import ServingConfig
+from llm_release.config import ServingConfig, Speculation
 from llm_release.sizing.vllm_report import KvCheck
 
 # A measured candidate's CandidateResult, in its folder of the run (<run>/candidates/<name>/).
@@ -151,6 +151,7 @@ class Setting(BaseModel):
     max_num_batched_tokens: int | None = Field(None, description="None: vLLM's default")
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float | None = Field(None, description="GPU only; None on CPU")
+    speculation: Speculation | None = Field(None, description="None: no speculative decoding")
 
     def label(self) -> str:
         parts = [f"seqs={self.max_num_seqs}"]
@@ -158,6 +159,8 @@ class Setting(BaseModel):
         parts.append(f"prefix={'on' if self.enable_prefix_caching else 'off'}")
         if self.gpu_memory_utilization is not None:
             parts.append(f"util={self.gpu_memory_utilization:g}")
+        if self.speculation is not None:
+            parts.append(f"spec={self.speculation.label()}")
         return " ".join(parts)
 
 
@@ -176,6 +179,11 @@ class Trial(Record):
     )
     seconds: float = Field(0.0, description="server start and load levels")
     error: str | None = None
+    answers_changed: str | None = Field(
+        None,
+        description="a setting with speculative decoding whose greedy answers differ from "
+        "those without it (or could not be compared): never chosen",
+    )
 
 
 class Pruned(Record):

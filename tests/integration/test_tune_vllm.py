@@ -47,3 +47,47 @@ def test_tuner_measures_one_server_per_setting_and_stops_at_the_ceiling(tmp_path
     (log,) = (tmp_path / "tune").glob("seqs=2*/vllm.log")
     assert "--max-num-seqs 2 " in log.read_text()
     assert json.loads(saved.model_dump_json())["grid_size"] == 2
+
+
+def test_speculation_is_served_and_its_greedy_answers_compared(tmp_path, tiny_model_dir):
+    """Prompt-lookup speculation on vLLM's CPU runtime: the setting without it is measured
+    first and answers the domain prompts greedily, the one with it too; the tuner compares
+    them before it may choose speculation."""
+    from llm_release.config import Speculation
+
+    ngram = Speculation(method="ngram", num_speculative_tokens=2, prompt_lookup_max=3)
+    serving = ServingConfig(enforce_eager=True, max_model_len=512, max_num_seqs=2)
+    result, chosen = tune_candidate(
+        TuneConfig(
+            enabled=True,
+            strategy="exhaustive",
+            max_num_seqs=[2],
+            speculation=[ngram],
+            itl_p95_slo_ms=10_000,
+        ),
+        model_dir=tiny_model_dir,
+        tokenizer_dir=tiny_model_dir,
+        served_names=["tiny"],
+        serving=serving,
+        load=LoadProfile(
+            concurrencies=[2], requests_per_level=4, prompt_tokens=16, output_tokens=8
+        ),
+        gates=Gates(ttft_p95_slo_s=60),
+        host=detect(),
+        out_dir=tmp_path / "tune",
+    )
+    plain, speculative = result.trials
+    assert plain.setting.speculation is None and speculative.setting.speculation == ngram
+    assert plain.error is None and speculative.error is None, (plain.error, speculative.error)
+    logs = {p.parent.name: p.read_text() for p in (tmp_path / "tune").glob("*/vllm.log")}
+    (spec_log,) = [text for name, text in logs.items() if "spec=" in name]
+    assert '"method": "ngram"' in spec_log
+    answers = {
+        p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "tune").glob("*/answers.json")
+    }
+    assert len(answers) == 2 and all(len(a) == 6 for a in answers.values())
+    same = len({json.dumps(a) for a in answers.values()}) == 1
+    # The tuner's verdict is what the two servers answered, and only a setting whose
+    # answers matched may be chosen.
+    assert (speculative.answers_changed is None) == same, speculative.answers_changed
+    assert chosen.speculation in ((None, ngram) if same else (None,))

@@ -305,6 +305,8 @@ def vllm_args(
         cmd += ["--max-num-seqs", str(serving.max_num_seqs)]
     if serving.enforce_eager:
         cmd.append("--enforce-eager")
+    if serving.speculation is not None:  # typed: a method and numbers, never a path
+        cmd += ["--speculative-config", serving.speculation.vllm_json()]
     if cuda:
         cmd += ["--gpu-memory-utilization", str(serving.gpu_memory_utilization)]
     cmd += serving.parallel_args()

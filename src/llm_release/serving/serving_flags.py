@@ -105,6 +105,8 @@ TYPED: dict[str, str] = {
     "--dtype": "serving.dtype",
     "--enable-prefix-caching": "serving.enable_prefix_caching",
     "--no-enable-prefix-caching": "serving.enable_prefix_caching",
+    # a JSON that may name a draft model or a path: only the typed shapes pass
+    "--speculative-config": "serving.speculation",
 }
 
 

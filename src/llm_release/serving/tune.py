@@ -23,12 +23,20 @@ A server start dominates the cost (about 85 s for SmolLM2 on 2 loaded cores agai
 * **early stop** — a setting's sweep stops at its first failing level, and the search stops
   once the best setting passes the top level (nothing on the grid can do better).
 
+**Speculative decoding** (``tune.speculation``: prompt lookup or the model's MTP head) is a
+dimension like the others, with "none" always on the grid and measured first (the planner's
+start). Speculation must not change what the model answers: each server the tuner starts
+answers the same few greedy prompts (the domain calibration texts, one at a time), and a
+setting with speculation whose answers differ from those of a setting without it, or that
+has none to compare with, is never chosen (``Trial.answers_changed``), whatever its goodput.
+
 ``exhaustive`` measures every grid point at every level, for the benchmark.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import re
 import time
@@ -38,7 +46,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig
+from llm_release.config import Gates, LoadProfile, ServingConfig, Speculation, TuneConfig
 from llm_release.fileio import atomic_write_text
 from llm_release.hardware import Hardware
 from llm_release.hub import hub_headers
@@ -55,6 +63,7 @@ DIMENSIONS = (
     "max_num_batched_tokens",
     "enable_prefix_caching",
     "gpu_memory_utilization",
+    "speculation",
 )
 
 
@@ -68,11 +77,21 @@ class Grid(Record):
     max_num_batched_tokens: list[int | None] = Field(default_factory=lambda: [None])
     enable_prefix_caching: list[bool] = Field(default_factory=lambda: [True])
     gpu_memory_utilization: list[float | None] = Field(default_factory=lambda: [None])
+    speculation: list[Speculation | None] = Field(default_factory=lambda: [None])
 
     def values(self, dim: str) -> list:
         raw = getattr(self, dim)
         if dim == "enable_prefix_caching":
             return sorted(set(raw))
+        if dim == "speculation":  # none first, then fewer drafted tokens first
+            return sorted(
+                set(raw),
+                key=lambda v: (
+                    v is not None,
+                    v.label() if v else "",
+                    v and v.num_speculative_tokens,
+                ),
+            )
         # None (vLLM's default) sorts last: it is the largest budget on the CPU (2048 × TP)
         return sorted(set(raw), key=lambda v: (v is None, v or 0))
 
@@ -93,6 +112,8 @@ class Grid(Record):
 # A server session for one setting: a context manager that yields probe(concurrency).
 Session = Callable[[Setting], AbstractContextManager[Callable[[int], LoadLevel]]]
 Fits = Callable[[Setting], str | None]
+# The greedy answers a setting's server gave (recorded by its session), None if none.
+Answers = Callable[[Setting], list[str] | None]
 
 
 def static_problem(setting: Setting) -> str | None:
@@ -121,7 +142,7 @@ def representative(setting: Setting, top: int, step_tokens: int, grid: Grid) -> 
 
 def _better(a: Trial, b: Trial, tie_margin: float) -> bool:
     """a beats b: higher goodput, or the same with ``tie_margin`` more output tokens/s."""
-    if a.below is not None:
+    if a.below is not None or a.answers_changed is not None:
         return False
     if a.goodput != b.goodput:
         return a.goodput > b.goodput
@@ -140,6 +161,7 @@ class Tuner:
         step_tokens: int,
         max_settings: int = 8,
         tie_margin: float = 0.05,
+        answers: Answers | None = None,
     ) -> None:
         self.grid = grid
         self.levels = sorted(set(levels))
@@ -149,6 +171,7 @@ class Tuner:
         self.step_tokens = step_tokens
         self.max_settings = max_settings
         self.tie_margin = tie_margin
+        self.answers = answers or (lambda setting: None)
         self.trials: dict[Setting, Trial] = {}
         self.pruned: dict[Setting, Pruned] = {}
 
@@ -182,6 +205,8 @@ class Tuner:
             trial.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.warning("tune: %s failed: %s", setting.label(), trial.error)
         trial.seconds = round(time.monotonic() - begun, 2)
+        if setting.speculation is not None and not trial.error:
+            trial.answers_changed = self.changed_answers(setting)
         if start_at and todo and todo[0] in trial.failures:
             trial.below = todo[0]
         elif not trial.error:
@@ -197,6 +222,30 @@ class Tuner:
         )
         return trial
 
+    def changed_answers(self, setting: Setting) -> str | None:
+        """Why ``setting``'s greedy answers cannot stand for those without speculation
+        (the first measured setting without it that has answers); None when they match."""
+        given = self.answers(setting)
+        reference = next(
+            (
+                ans
+                for s in self.trials
+                if s.speculation is None and (ans := self.answers(s)) is not None
+            ),
+            None,
+        )
+        if given is None or reference is None:
+            return "no greedy answers to compare with those without speculation"
+        if len(given) != len(reference):
+            return f"{len(given)} greedy answers against {len(reference)} without speculation"
+        differ = [i for i, (a, b) in enumerate(zip(given, reference, strict=True)) if a != b]
+        if differ:
+            return (
+                f"{len(differ)} of {len(given)} greedy answers differ from those without "
+                f"speculation (first: prompt {differ[0] + 1})"
+            )
+        return None
+
     # ------------------------------------------------------------------ strategies
 
     def start_point(self, start: Setting) -> Setting | None:
@@ -207,6 +256,8 @@ class Tuner:
             want = getattr(start, dim)
             if want in values:
                 snapped[dim] = want
+            elif dim == "speculation":
+                snapped[dim] = None  # always on the grid: the reference answers
             elif dim == "max_num_seqs":
                 snapped[dim] = min(values, key=lambda v: abs(v - want))
             else:
@@ -260,7 +311,7 @@ class Tuner:
             if self.problem(setting):
                 continue
             trial = self.measure(setting, stop_early=False)
-            if best is None or _better(trial, best, 0.0):
+            if trial.answers_changed is None and (best is None or _better(trial, best, 0.0)):
                 best = trial
         return self._result("exhaustive", best)
 
@@ -296,6 +347,7 @@ def apply_setting(serving: ServingConfig, setting: Setting) -> ServingConfig:
     }
     if setting.gpu_memory_utilization is not None:
         update["gpu_memory_utilization"] = setting.gpu_memory_utilization
+    update["speculation"] = setting.speculation
     return serving.model_copy(update=update)
 
 
@@ -333,9 +385,13 @@ def vllm_session(
     tokenizer_dir: Path,
     profile: LoadProfile,
     out_dir: Path,
+    *,
+    prompts: list[str] | None = None,
+    answers: dict[Setting, list[str]] | None = None,
 ) -> Session:
     """One vLLM server per setting, kept up while GuideLLM measures its levels one by one
-    (one GuideLLM run per level, so the sweep can stop at the first failing level)."""
+    (one GuideLLM run per level, so the sweep can stop at the first failing level). With
+    ``prompts``, each server first answers them greedily, one at a time, into ``answers``."""
     request_body = reasoning.request_body(model_dir, serving.thinking)
 
     @contextmanager
@@ -345,6 +401,11 @@ def vllm_session(
             model_dir, served_names, apply_setting(serving, setting), folder / "vllm.log"
         )
         with server:
+            if prompts and answers is not None:
+                answers[setting] = greedy_answers(
+                    server.base_url, served_names[0], prompts, request_body
+                )
+                atomic_write_text(folder / "answers.json", json.dumps(answers[setting], indent=1))
 
             def probe(concurrency: int) -> LoadLevel:
                 one = profile.model_copy(update={"concurrencies": [concurrency]})
@@ -361,6 +422,50 @@ def vllm_session(
             yield probe
 
     return session
+
+
+# The answers compared: a few domain texts, each cut to a prompt, answered greedily.
+ANSWER_PROMPTS = 6
+ANSWER_PROMPT_CHARS = 600
+ANSWER_TOKENS = 48
+
+
+def answer_prompts() -> list[str]:
+    """The prompts whose greedy answers a setting with speculation must keep: the first
+    calibration texts (the domain's own), each asked to be continued."""
+    from llm_release.evaluation.evalsets import calibration_texts
+
+    texts = calibration_texts()[:ANSWER_PROMPTS]
+    return [f"Continue this text:\n\n{text[:ANSWER_PROMPT_CHARS]}" for text in texts]
+
+
+def greedy_answers(
+    base_url: str, served_name: str, prompts: list[str], request_body: dict
+) -> list[str]:
+    """Each prompt's greedy answer from the server at ``base_url``, one request at a time
+    (a batch of one: what batching does to the sums is not what is compared)."""
+    import requests
+
+    from llm_release import server_key
+
+    out = []
+    for prompt in prompts:
+        body = {
+            "model": served_name,
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": ANSWER_TOKENS,
+            **request_body,
+        }
+        reply = requests.post(
+            f"{base_url}/v1/chat/completions",
+            json=body,
+            headers=server_key.headers(),
+            timeout=300,
+        )
+        reply.raise_for_status()
+        out.append(reply.json()["choices"][0]["message"]["content"] or "")
+    return out
 
 
 def _slug(setting: Setting) -> str:
@@ -397,6 +502,8 @@ def tune_candidate(
         max_num_batched_tokens=tune.max_num_batched_tokens,
         enable_prefix_caching=tune.enable_prefix_caching,
         gpu_memory_utilization=utils,
+        # the candidate's own speculation is a choice too, never dropped unmeasured
+        speculation=[*tune.speculation, serving.speculation],
     )
     slo = slo_for(gates, tune.itl_p95_slo_ms)
     batched = _flag(serving.extra_args, "--max-num-batched-tokens")
@@ -405,17 +512,31 @@ def tune_candidate(
         max_num_batched_tokens=int(batched) if batched else None,
         enable_prefix_caching=serving.enable_prefix_caching,
         gpu_memory_utilization=serving.gpu_memory_utilization if host.cuda else None,
+        speculation=None,  # the reference every setting with speculation is checked against
     )
     out_dir.mkdir(parents=True, exist_ok=True)
+    answers: dict[Setting, list[str]] = {}
+    prompts = answer_prompts() if any(grid.values("speculation")) else []
     tuner = Tuner(
         grid,
         levels,
         slo,
-        session or vllm_session(model_dir, served_names, serving, tokenizer_dir, profile, out_dir),
+        session
+        or vllm_session(
+            model_dir,
+            served_names,
+            serving,
+            tokenizer_dir,
+            profile,
+            out_dir,
+            prompts=prompts,
+            answers=answers,
+        ),
         planner_fits(model_dir, serving, host),
         step_tokens=load.prompt_tokens + load.output_tokens,
         max_settings=tune.max_settings,
         tie_margin=tune.tie_margin,
+        answers=answers.get,
     )
     result = tuner.coordinate(start) if tune.strategy == "coordinate" else tuner.exhaustive()
     atomic_write_text(out_dir / "tune.json", result.model_dump_json(indent=2) + "\n")

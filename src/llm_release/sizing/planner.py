@@ -363,6 +363,17 @@ def request_for_serving(
     for arg in args:  # the last of the pair wins, as argparse's BooleanOptionalAction
         if arg in ("--async-scheduling", "--no-async-scheduling"):
             asynchronous = arg == "--async-scheduling"
+    unmodelled = unmodelled_settings(args)
+    speculation = getattr(serving, "speculation", None)
+    if speculation is not None:
+        # vLLM turns asynchronous scheduling off for ngram speculation (vllm/config/vllm.py)
+        if speculation.method == "ngram" and asynchronous is None:
+            asynchronous = False
+        unmodelled.append(
+            f"speculative decoding {speculation.label()} (the drafted tokens' KV slots"
+            + (" and the MTP head's weights and KV" if speculation.method == "mtp" else "")
+            + ")"
+        )
     try:
         return PlanRequest(
             device=device,
@@ -380,7 +391,7 @@ def request_for_serving(
             max_num_batched_tokens=int(batched) if batched else None,
             max_num_seqs=getattr(serving, "max_num_seqs", None),
             enforce_eager=eager,
-            unmodelled=unmodelled_settings(args),
+            unmodelled=unmodelled,
             block_size=int(block) if block else None,
             async_scheduling=asynchronous,
         )

@@ -150,3 +150,46 @@ def test_a_model_folder_that_reads_as_a_flag_never_reaches_vllm():
 
     with pytest.raises(ConfigError, match="model folder"):
         build_command(Path("/py"), Path("--host=0.0.0.0"), 9000, ["p"], ServingConfig(), cuda=False)
+
+
+def test_speculation_reaches_vllm_as_json_of_a_method_and_numbers():
+    import json
+
+    from llm_release.config import Speculation
+
+    serving = ServingConfig(
+        speculation={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    )
+    cmd = build_command(Path("/py"), Path("/m"), 9000, ["p"], serving, cuda=False)
+    value = cmd[cmd.index("--speculative-config") + 1]
+    assert json.loads(value) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+    }
+    assert "--speculative-config" not in build_command(
+        Path("/py"), Path("/m"), 9000, ["p"], ServingConfig(), cuda=False
+    )
+    assert Speculation(method="mtp", num_speculative_tokens=1).label() == "mtp:1"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"method": "ngram", "num_speculative_tokens": 3, "model": "/srv/other-model"},
+        {"method": "draft_model", "num_speculative_tokens": 3},
+        {"method": "ngram", "num_speculative_tokens": 0},
+        {"method": "ngram", "num_speculative_tokens": 9},
+        {"method": "ngram", "num_speculative_tokens": "3; rm"},
+        {"method": "mtp", "num_speculative_tokens": 1, "prompt_lookup_max": 4},
+        {
+            "method": "ngram",
+            "num_speculative_tokens": 2,
+            "prompt_lookup_min": 5,
+            "prompt_lookup_max": 3,
+        },
+    ],
+)
+def test_a_speculation_that_is_not_a_method_and_numbers_is_refused(given):
+    with pytest.raises(ValidationError):
+        ServingConfig(speculation=given)

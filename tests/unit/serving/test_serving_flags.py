@@ -85,6 +85,8 @@ def test_flags_outside_the_list_are_refused_in_one_line_naming_the_flag_and_the_
         (["--dtype", "float16"], "set by serving.dtype"),
         (["--gpu-memory-utilization", "0.99"], "set by serving.gpu_memory_utilization"),
         (["--no-enable-prefix-caching"], "set by serving.enable_prefix_caching"),
+        (['--speculative-config={"model": "/etc"}'], "set by serving.speculation"),
+        (["--speculative-config", '{"method": "ngram"}'], "set by serving.speculation"),
         (["--max-num-batched-tokens"], "needs a value"),
         (["--max-num-batched-tokens", "--trust-remote-code"], "must be an integer"),
         (["--max-num-batched-tokens", "0"], "must be an integer from 1"),

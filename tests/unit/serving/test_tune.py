@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from llm_release.config import ServingConfig, TuneConfig
+from llm_release.config import ServingConfig, Speculation, TuneConfig
 from llm_release.results import LoadLevel, Setting, Slo
 from llm_release.serving.tune import Grid, Tuner, apply_setting, drop_flag, static_problem
 
@@ -131,3 +131,87 @@ def test_tune_config_is_off_and_strict() -> None:
         TuneConfig(max_num_seqs=[])
     with pytest.raises(ValueError):
         TuneConfig(unknown=1)
+
+
+NGRAM = Speculation(method="ngram", num_speculative_tokens=3)
+
+
+def speculation_helps(setting: Setting) -> int:
+    return 16 if setting.speculation is not None else 4
+
+
+@pytest.mark.parametrize("strategy", ["coordinate", "exhaustive"])
+def test_speculation_is_taken_when_it_pays_and_keeps_the_answers(strategy) -> None:
+    grid = Grid(max_num_seqs=[16], speculation=[None, NGRAM])
+    surface = Surface(speculation_helps)
+    tuner = Tuner(
+        grid,
+        LEVELS,
+        SLO,
+        surface.session,
+        lambda s: None,
+        step_tokens=160,
+        answers=lambda s: ["same", "answers"],
+    )
+    result = (
+        tuner.coordinate(Setting(max_num_seqs=16))
+        if strategy == "coordinate"
+        else (tuner.exhaustive())
+    )
+    assert surface.started[0].speculation is None  # the reference is measured first
+    assert result.chosen == Setting(max_num_seqs=16, speculation=NGRAM)
+    assert result.chosen_goodput == 16
+    assert "spec=ngram:3" in result.chosen.label()
+
+
+@pytest.mark.parametrize("strategy", ["coordinate", "exhaustive"])
+@pytest.mark.parametrize(
+    ("answers", "why"),
+    [
+        ({None: ["a", "b"], NGRAM: ["a", "c"]}, "1 of 2 greedy answers differ"),
+        ({None: ["a", "b"]}, "no greedy answers to compare"),
+        ({NGRAM: ["a", "b"]}, "no greedy answers to compare"),
+    ],
+)
+def test_speculation_that_changes_or_cannot_show_its_answers_is_never_chosen(
+    strategy, answers, why
+) -> None:
+    grid = Grid(max_num_seqs=[16], speculation=[None, NGRAM])
+    surface = Surface(speculation_helps)
+    tuner = Tuner(
+        grid,
+        LEVELS,
+        SLO,
+        surface.session,
+        lambda s: None,
+        step_tokens=160,
+        answers=lambda s: answers.get(s.speculation),
+    )
+    result = (
+        tuner.coordinate(Setting(max_num_seqs=16))
+        if strategy == "coordinate"
+        else (tuner.exhaustive())
+    )
+    assert result.chosen == Setting(max_num_seqs=16)  # without speculation, though slower
+    assert result.chosen_goodput == 4
+    (speculative,) = [t for t in result.trials if t.setting.speculation is not None]
+    assert speculative.goodput == 16 and why in speculative.answers_changed
+
+
+def test_none_is_always_a_speculation_choice_and_the_setting_reaches_serving() -> None:
+    assert TuneConfig().speculation == [None]
+    assert TuneConfig(speculation=[NGRAM, NGRAM]).speculation == [None, NGRAM]
+    tuned = apply_setting(ServingConfig(), Setting(max_num_seqs=4, speculation=NGRAM))
+    assert tuned.speculation == NGRAM
+    off = apply_setting(ServingConfig(speculation=NGRAM), Setting(max_num_seqs=4))
+    assert off.speculation is None
+
+
+def test_the_plan_names_speculation_as_unmodelled_and_ngram_turns_async_scheduling_off():
+    from llm_release.sizing import request_for_serving
+
+    request = request_for_serving(ServingConfig(speculation=NGRAM, dtype="bfloat16"), device="gpu")
+    assert request.async_scheduling is False  # vLLM 0.32: none with ngram speculation
+    assert any("speculative decoding ngram:3" in note for note in request.unmodelled)
+    plain = request_for_serving(ServingConfig(dtype="bfloat16"), device="gpu")
+    assert plain.async_scheduling is None and plain.unmodelled == []
