@@ -5,6 +5,9 @@ same functions as `llm-release canary promote|rollback`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
@@ -29,6 +32,7 @@ from llm_release.serving.factory import make_server
 from tasks.notify import emit_rollback
 from tasks.publish import publish_winner
 from tasks.slots import ensure_host_limit, host_slot
+from tasks.stage import StageClock
 
 
 class OperatorError(ReleaseError):
@@ -72,10 +76,8 @@ def promote_canary(
         drain_timeout_s: how long the old stable release may finish its requests
         slo_ttft_p95_s: the TTFT p95 SLO of the new stable release's alert rules
     """
-    try:
+    with operator_errors():
         new = promote.promote(drain_timeout_s=drain_timeout_s)
-    except ReleaseError as exc:
-        raise _one_line(exc) from None
     get_run_logger().info("promoted %s: it is now stable at 100%%", new.release_id)
     install_alerts(new.release_id, new.public_name, slo_ttft_p95_s, RolloutConfig())
     publish_winner(new)
@@ -95,10 +97,8 @@ def rollback_canary(
         drain_timeout_s: how long the canary may finish its requests before it stops
     """
     reason = " ".join(reason.split())
-    try:
+    with operator_errors():
         result = promote.rollback(drain_timeout_s=drain_timeout_s, reason=reason)
-    except ReleaseError as exc:
-        raise _one_line(exc) from None
     logger = get_run_logger()
     logger.warning("rolled back %s: %s", result.release_id, reason)
     if not result.drain.confirmed_empty:
@@ -164,66 +164,102 @@ def eval_only(
             empty: the live stable release
         serving: vLLM settings for model_dir; empty: the defaults
     """
-    logger = get_run_logger()
+    with operator_errors():
+        target = eval_target(model_dir)  # before any work: no slot, no run folder
+    ensure_host_limit()
+    run_dir = paths.runs_dir() / eval_run_id()
+    stage = StageClock()
+    with stage("evaluate"), operator_errors():
+        results = evaluate_target(target, evaluation, serving or ServingConfig(), run_dir)
+    with stage("report"):
+        return report_evaluation(target, results, run_dir)
+
+
+@contextmanager
+def operator_errors() -> Iterator[None]:
+    """A ReleaseError leaves the flow as one line (the run's state message)."""
     try:
-        # A run's folder is checked before any work (no slot, no run folder).
-        folder = _model_folder(model_dir) if model_dir else None
+        yield
     except ReleaseError as exc:
         raise _one_line(exc) from None
-    ensure_host_limit()
-    run_id = (
-        f"eval-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}-{(flow_run.get_id() or 'local')[:8]}"
-    )
-    run_dir = paths.runs_dir() / run_id
-    try:
-        if folder is not None:
-            target = str(folder)
-            with host_slot(f"evaluate {folder.name}"):
-                server = make_server(
-                    folder, ["eval-only"], serving or ServingConfig(), run_dir / "vllm.log"
-                )
-                with server:
-                    results = run_evaluation(
-                        server.base_url,
-                        "eval-only",
-                        evaluation.eval_sets,
-                        run_dir / "eval",
-                        num_concurrent=evaluation.concurrency(server.serving),
-                        limit=evaluation.limit,
-                        request_body=reasoning.request_body(folder, server.serving.thinking),
-                    )
-        else:
-            stable = registry.load().stable
-            if stable is None or not promote.release_alive(stable):
-                raise StateError(
-                    "there is no live stable release to evaluate",
-                    hint="give model_dir, or run a release first ('llm-release canary status')",
-                )
-            target = f"stable release {stable.release_id}"
-            # The live server: the evaluation shares the host with users, and with any
-            # measurement another run would make, so it takes a host slot too.
-            with host_slot(f"evaluate {stable.release_id}"):
-                results = run_evaluation(
-                    f"http://127.0.0.1:{stable.port}",
-                    stable.public_name,
+
+
+@dataclass(frozen=True)
+class EvalTarget:
+    """What an eval-only run evaluates: a model folder to serve, or the live stable release."""
+
+    label: str
+    folder: Path | None = None
+    stable: registry.Release | None = None
+
+
+def eval_target(model_dir: str | None) -> EvalTarget:
+    if model_dir:
+        folder = _model_folder(model_dir)
+        return EvalTarget(label=str(folder), folder=folder)
+    stable = registry.load().stable
+    if stable is None or not promote.release_alive(stable):
+        raise StateError(
+            "there is no live stable release to evaluate",
+            hint="give model_dir, or run a release first ('llm-release canary status')",
+        )
+    return EvalTarget(label=f"stable release {stable.release_id}", stable=stable)
+
+
+def eval_run_id() -> str:
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    return f"eval-{stamp}-{(flow_run.get_id() or 'local')[:8]}"
+
+
+def evaluate_target(
+    target: EvalTarget, evaluation: EvalConfig, serving: ServingConfig, run_dir: Path
+) -> list[EvalResult]:
+    """The eval sets against the target, holding a host slot: a folder is served for the
+    occasion; the live server shares the host with users and with any measurement another
+    run would make."""
+    if target.folder is not None:
+        with host_slot(f"evaluate {target.folder.name}"):
+            server = make_server(target.folder, ["eval-only"], serving, run_dir / "vllm.log")
+            with server:
+                return run_evaluation(
+                    server.base_url,
+                    "eval-only",
                     evaluation.eval_sets,
                     run_dir / "eval",
-                    num_concurrent=evaluation.concurrency(None),
+                    num_concurrent=evaluation.concurrency(server.serving),
                     limit=evaluation.limit,
-                    request_body=reasoning.request_body(
-                        Path(stable.model_dir), stable.serving.thinking
-                    ),
+                    request_body=reasoning.request_body(target.folder, server.serving.thinking),
                 )
-    except ReleaseError as exc:
-        raise _one_line(exc) from None
+    stable = target.stable
+    assert stable is not None
+    with host_slot(f"evaluate {stable.release_id}"):
+        return run_evaluation(
+            f"http://127.0.0.1:{stable.port}",
+            stable.public_name,
+            evaluation.eval_sets,
+            run_dir / "eval",
+            num_concurrent=evaluation.concurrency(None),
+            limit=evaluation.limit,
+            request_body=reasoning.request_body(Path(stable.model_dir), stable.serving.thinking),
+        )
+
+
+def report_evaluation(
+    target: EvalTarget, results: list[EvalResult], run_dir: Path
+) -> EvalOnlyOutcome:
+    """The scores as a report in the run folder (markdown and JSON) and a UI artifact."""
     report = run_dir / "eval-report.md"
-    markdown = _markdown(target, results, report)
+    markdown = _markdown(target.label, results, report)
     atomic_write_text(report, markdown)
     atomic_write_text(
         run_dir / "eval-report.json",
         json.dumps([r.model_dump(mode="json") for r in results], indent=2) + "\n",
     )
-    create_markdown_artifact(key="eval-only", markdown=markdown, description=f"eval of {target}")
+    create_markdown_artifact(
+        key="eval-only", markdown=markdown, description=f"eval of {target.label}"
+    )
     scores = {ev.eval_set: {m: s.value for m, s in ev.metrics.items()} for ev in results}
-    logger.info("%s: %s", target, scores)
-    return EvalOnlyOutcome(target=target, run_dir=str(run_dir), report=str(report), scores=scores)
+    get_run_logger().info("%s: %s", target.label, scores)
+    return EvalOnlyOutcome(
+        target=target.label, run_dir=str(run_dir), report=str(report), scores=scores
+    )
