@@ -235,35 +235,9 @@ def walk_canary(
     """Walk the live canary to 100% or back to 0, driving demo traffic if configured."""
     actions = FlowActions(config, release_id, service, slo_ttft_p95_s)
     actions.weight = current_weight or config.first_weight
-    traffic = None
-    if config.mode == "progressive" and config.traffic is not None:
-        state = registry.load()
-        router = promote.router_for(state)
-        # Bounded: long enough for every window the policy can ask for, stopped at the end.
-        traffic = Traffic(
-            router.url,
-            service,
-            rate_rps=config.traffic.rate_rps,
-            # A window's probes (2 x items, a few at a time) take far less than one
-            # probe's timeout on the demo's model; the traffic stops with the walk anyway.
-            duration_s=rollout.longest_rollout_s(
-                config, probe_s=settings().quality_probe_timeout_s
-            ),
-            concurrency=config.traffic.concurrency,
-            max_tokens=config.traffic.max_tokens,
-            # Thinking off (unless serving.thinking) for the stable's and canary's models
-            request_body=reasoning.releases_request_body([state.stable, state.canary]),
-            api_key=router.api_key,
-        )
-        traffic.start()
+    traffic = demo_traffic(config, service)
     try:
-        outcome = rollout.walk(config, release_id, actions, current_weight)
-    except BaseException as exc:
-        # A walk that cannot go on leaves no canary unwatched: it goes back to 0.
-        with contextlib.suppress(Exception):
-            if actions.still_canary():
-                actions.rollback(f"rollout interrupted: {one_line(exc)}")
-        raise
+        outcome = walk_or_roll_back(config, release_id, actions, current_weight)
     finally:
         report = traffic.stop() if traffic is not None else None
     if report is not None:
@@ -278,6 +252,43 @@ def walk_canary(
         description=f"canary {release_id}: {outcome.status}",
     )
     return outcome
+
+
+def demo_traffic(config: RolloutConfig, service: str) -> Traffic | None:
+    """The configured demo traffic through the router, started; None when there is none.
+    Bounded: long enough for every window the policy can ask for, stopped at the walk's end."""
+    if config.mode != "progressive" or config.traffic is None:
+        return None
+    state = registry.load()
+    router = promote.router_for(state)
+    traffic = Traffic(
+        router.url,
+        service,
+        rate_rps=config.traffic.rate_rps,
+        # A window's probes (2 x items, a few at a time) take far less than one probe's
+        # timeout on the demo's model; the traffic stops with the walk anyway.
+        duration_s=rollout.longest_rollout_s(config, probe_s=settings().quality_probe_timeout_s),
+        concurrency=config.traffic.concurrency,
+        max_tokens=config.traffic.max_tokens,
+        # Thinking off (unless serving.thinking) for the stable's and canary's models
+        request_body=reasoning.releases_request_body([state.stable, state.canary]),
+        api_key=router.api_key,
+    )
+    traffic.start()
+    return traffic
+
+
+def walk_or_roll_back(
+    config: RolloutConfig, release_id: str, actions: FlowActions, current_weight: int | None
+) -> RolloutOutcome:
+    """The policy's walk; one that cannot go on leaves no canary unwatched: back to 0."""
+    try:
+        return rollout.walk(config, release_id, actions, current_weight)
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            if actions.still_canary():
+                actions.rollback(f"rollout interrupted: {one_line(exc)}")
+        raise
 
 
 @flow(name="canary-rollout")
