@@ -576,6 +576,14 @@ class LoadProfile(StrictModel):
         description="None: prompts that share nothing (random text); else the prefix the "
         "traffic shares, and the report shows vLLM's prefix-cache hit rate at each level",
     )
+    turns: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="user turns a conversation: each later turn resends the conversation so "
+        "far (its prompts and answers) before its own prompt_tokens, as a chat client does; "
+        "every turn is one of requests_per_level",
+    )
 
     @field_validator("concurrencies")
     @classmethod

@@ -50,10 +50,24 @@ def test_load_levels_are_measured_and_time_limits_reported(tmp_path, tiny_model_
             ),
             tmp_path / "shared",
         )
+        chats = run_load_test(
+            server.base_url,
+            "tiny",
+            tiny_model_dir,
+            LoadProfile(
+                concurrencies=[1], requests_per_level=4, prompt_tokens=160, output_tokens=8, turns=2
+            ),
+            tmp_path / "chats",
+        )
 
     (level,) = shared.levels
     assert level.requests == 6 and level.prefix_cache_hit_rate is not None
     assert level.prefix_cache_hit_rate > 0.5, level
+    # Conversations of two turns: each second turn resends the first (about 180 tokens:
+    # its first 128-token block is found in the cache), so the cache finds part of them.
+    (level,) = chats.levels
+    assert level.requests == 4 and level.errors == 0
+    assert level.prefix_cache_hit_rate is not None and level.prefix_cache_hit_rate > 0.1, level
     (level,) = full.levels
     # random prompts share at most the chat template's first tokens: less than a block
     assert level.prefix_cache_hit_rate is not None and level.prefix_cache_hit_rate < 0.2, level

@@ -100,27 +100,34 @@ def data_arg(profile: LoadProfile) -> str:
     """GuideLLM's ``--data``: synthetic text of the profile's lengths; with a shared prefix,
     its ``prefix_buckets`` (guidellm/schemas/data/deserializers/synthetic.py): ``share`` of
     the requests start with one of ``distinct`` prefixes of ``tokens`` tokens, the rest
-    with none."""
+    with none; with ``turns`` above 1, conversations of that many user turns (its
+    ``turns``: each later request resends the conversation's history)."""
     prefix = profile.shared_prefix
-    if prefix is None:
+    if prefix is None and profile.turns == 1:
         return (
             f"kind=synthetic_text,prompt_tokens={profile.prompt_tokens},"
             f"output_tokens={profile.output_tokens}"
         )
-    shared = min(100, max(1, round(prefix.share * 100)))  # GuideLLM's weights: whole numbers
-    buckets = [
-        {"bucket_weight": shared, "prefix_count": prefix.distinct, "prefix_tokens": prefix.tokens}
-    ]
-    if shared < 100:
-        buckets.append({"bucket_weight": 100 - shared, "prefix_count": 1, "prefix_tokens": 0})
-    return json.dumps(
-        {
-            "kind": "synthetic_text",
-            "prompt_tokens": profile.prompt_tokens,
-            "output_tokens": profile.output_tokens,
-            "prefix_buckets": buckets,
-        }
-    )
+    data: dict = {
+        "kind": "synthetic_text",
+        "prompt_tokens": profile.prompt_tokens,
+        "output_tokens": profile.output_tokens,
+    }
+    if prefix is not None:
+        shared = min(100, max(1, round(prefix.share * 100)))  # GuideLLM's weights: whole numbers
+        buckets = [
+            {
+                "bucket_weight": shared,
+                "prefix_count": prefix.distinct,
+                "prefix_tokens": prefix.tokens,
+            }
+        ]
+        if shared < 100:
+            buckets.append({"bucket_weight": 100 - shared, "prefix_count": 1, "prefix_tokens": 0})
+        data["prefix_buckets"] = buckets
+    if profile.turns > 1:
+        data["turns"] = profile.turns
+    return json.dumps(data)
 
 
 def build_command(

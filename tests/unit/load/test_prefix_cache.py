@@ -85,6 +85,23 @@ def test_a_shared_prefix_becomes_guidellms_prefix_buckets():
     assert [b.prefix_tokens for b in parsed.prefix_buckets] == [512, 0]
 
 
+def test_conversations_become_guidellms_turns_beside_a_shared_prefix():
+    from guidellm.schemas.data.deserializers.synthetic import SyntheticTextDataArgs
+
+    chat = LoadProfile(prompt_tokens=64, output_tokens=8, turns=3)
+    data = json.loads(loadtest.data_arg(chat))
+    assert data == {"kind": "synthetic_text", "prompt_tokens": 64, "output_tokens": 8, "turns": 3}
+    both = chat.model_copy(update={"shared_prefix": SharedPrefix(tokens=100)})
+    data = json.loads(loadtest.data_arg(both))
+    assert data["turns"] == 3 and data["prefix_buckets"][0]["prefix_tokens"] == 100
+    parsed = SyntheticTextDataArgs.model_validate({k: v for k, v in data.items() if k != "kind"})
+    assert parsed.turns == 3
+    with pytest.raises(ValueError):
+        LoadProfile(turns=0)
+    with pytest.raises(ValueError):
+        LoadProfile(turns=17)
+
+
 def test_a_shared_prefix_is_bounded_on_the_run_form():
     with pytest.raises(ValueError):
         SharedPrefix(tokens=0)
