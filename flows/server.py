@@ -29,10 +29,10 @@ from pathlib import Path
 import requests
 from sqlalchemy.engine import make_url
 
-from llm_release import paths, server_key
+from llm_release import paths
 from llm_release.errors import ConfigError, PrefectServerError, ReleaseError
 from llm_release.hub.credentials import child_env
-from llm_release.secret_files import made_secret
+from llm_release.secret_files import home_token
 from llm_release.serving.serve import stop_process_group
 from llm_release.settings import env_name, settings
 
@@ -49,15 +49,12 @@ def auth_path() -> Path:
 def auth_string() -> str:
     """The Prefect API's credentials, made (0600) the first time they are asked for."""
     path = auth_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    secret, _ = made_secret(
+    return home_token(
         path,
         "the Prefect API's credentials",
-        server_key.valid,
         f"delete {path}, then 'make down' and 'make prefect-up worker-up': new ones are made",
         kind="credential",
     )
-    return secret
 
 
 def open_to_anyone(api: str) -> bool:

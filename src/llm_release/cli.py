@@ -174,19 +174,15 @@ def hub_token_path() -> Path:
 
 def cmd_hub(args: argparse.Namespace) -> None:
     from demo.hub_server import make_server, publish_repo
-    from llm_release import server_key
-    from llm_release.secret_files import made_secret
+    from llm_release.secret_files import home_token
 
     root = Path(args.root) if args.root else paths.home() / "hub"
     if args.action == "serve":
         token_path = hub_token_path()
-        token_path.parent.mkdir(parents=True, exist_ok=True)
-        token, _ = made_secret(
+        token = home_token(
             token_path,
             "the demo hub's write token",
-            server_key.valid,
             f"delete {token_path} and start the hub again: a new one is made",
-            kind="token",
         )
         server = make_server(root, "127.0.0.1", args.port, token=token)
         print(

@@ -8,6 +8,7 @@ the basic-auth passwords of Prometheus and Alertmanager, and the vLLM servers' k
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import stat
 from collections.abc import Callable
@@ -62,3 +63,20 @@ def made_secret(
     with os.fdopen(fd, "w") as fh:
         fh.write(secret + "\n")
     return secret, True
+
+
+# What secrets.token_urlsafe(32) makes, with room for a longer one written by hand.
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{32,256}")
+
+
+def token_valid(value: str) -> bool:
+    return bool(_TOKEN.fullmatch(value))
+
+
+def home_token(path: Path, setting: str, hint: str, kind: str = "token") -> str:
+    """The token in ``path`` (its folder made if missing), made the first time
+    (``made_secret``, checked with ``token_valid``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret, _ = made_secret(path, setting, token_valid, hint, kind=kind)
+    return secret

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 import pytest
 
 from llm_release.config import ServingConfig, Speculation, TuneConfig
-from llm_release.results import LoadLevel, Setting, Slo
+from llm_release.results import LoadLevel, Setting, Slo, TuneResult
 from llm_release.serving.tune import Grid, Tuner, apply_setting, drop_flag, static_problem
 
 SLO = Slo(ttft_p95_ms=3000, itl_p95_ms=200, max_error_rate=0.01)
@@ -140,24 +140,22 @@ def speculation_helps(setting: Setting) -> int:
     return 16 if setting.speculation is not None else 4
 
 
+def tune_with_speculation(strategy: str, answers) -> tuple[Surface, TuneResult]:
+    """A grid of one max_num_seqs with and without ngram speculation, which serves 16
+    streams where none serves 4; ``answers`` what each setting's server answered."""
+    surface = Surface(speculation_helps)
+    grid = Grid(max_num_seqs=[16], speculation=[None, NGRAM])
+    tuner = Tuner(
+        grid, LEVELS, SLO, surface.session, lambda s: None, step_tokens=160, answers=answers
+    )
+    if strategy == "coordinate":
+        return surface, tuner.coordinate(Setting(max_num_seqs=16))
+    return surface, tuner.exhaustive()
+
+
 @pytest.mark.parametrize("strategy", ["coordinate", "exhaustive"])
 def test_speculation_is_taken_when_it_pays_and_keeps_the_answers(strategy) -> None:
-    grid = Grid(max_num_seqs=[16], speculation=[None, NGRAM])
-    surface = Surface(speculation_helps)
-    tuner = Tuner(
-        grid,
-        LEVELS,
-        SLO,
-        surface.session,
-        lambda s: None,
-        step_tokens=160,
-        answers=lambda s: ["same", "answers"],
-    )
-    result = (
-        tuner.coordinate(Setting(max_num_seqs=16))
-        if strategy == "coordinate"
-        else (tuner.exhaustive())
-    )
+    surface, result = tune_with_speculation(strategy, lambda s: ["same", "answers"])
     assert surface.started[0].speculation is None  # the reference is measured first
     assert result.chosen == Setting(max_num_seqs=16, speculation=NGRAM)
     assert result.chosen_goodput == 16
@@ -176,22 +174,7 @@ def test_speculation_is_taken_when_it_pays_and_keeps_the_answers(strategy) -> No
 def test_speculation_that_changes_or_cannot_show_its_answers_is_never_chosen(
     strategy, answers, why
 ) -> None:
-    grid = Grid(max_num_seqs=[16], speculation=[None, NGRAM])
-    surface = Surface(speculation_helps)
-    tuner = Tuner(
-        grid,
-        LEVELS,
-        SLO,
-        surface.session,
-        lambda s: None,
-        step_tokens=160,
-        answers=lambda s: answers.get(s.speculation),
-    )
-    result = (
-        tuner.coordinate(Setting(max_num_seqs=16))
-        if strategy == "coordinate"
-        else (tuner.exhaustive())
-    )
+    _, result = tune_with_speculation(strategy, lambda s: answers.get(s.speculation))
     assert result.chosen == Setting(max_num_seqs=16)  # without speculation, though slower
     assert result.chosen_goodput == 4
     (speculative,) = [t for t in result.trials if t.setting.speculation is not None]
