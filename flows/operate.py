@@ -240,7 +240,9 @@ def evaluate_target(
             run_dir / "eval",
             num_concurrent=evaluation.concurrency(None),
             limit=evaluation.limit,
-            request_body=reasoning.request_body(Path(stable.model_dir), stable.serving.thinking),
+            request_body=reasoning.request_body(
+                registry.recorded_model_dir(stable, "the stable release"), stable.serving.thinking
+            ),
         )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,6 +38,12 @@ _RESTORE_HINT = (
 )
 
 
+# A file of a served folder as the pipeline records it (no control character, backtick,
+# pipe or angle bracket: the name goes into a model card's markdown table).
+_FILE_NAME = re.compile(r"[^\x00-\x1f\x7f`|<>]{1,1000}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
 class Origin(BaseModel):
     """Where a release's served folder came from, recorded when it is deployed, so the
     record answers it after the worker's disk is gone: the quantization record's recipe,
@@ -46,12 +53,32 @@ class Origin(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     recipe: dict = Field(default_factory=dict, description="the candidate's quantization recipe")
-    calibration_set: str | None = None
-    calibration_sha256: str | None = None
-    cache_key: str | None = Field(None, description="the quantization's content hash")
+    # Each of these is written into a published model card's text: read back from a record
+    # anyone with access to its database can edit, it is held to what the pipeline writes
+    # (a set name, SHA-256 hex digests, relative file names), never markdown or newlines.
+    calibration_set: str | None = Field(None, pattern=f"^{safety.SET_NAME.pattern}$", max_length=64)
+    calibration_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    cache_key: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="the quantization's content hash"
+    )
     files: dict[str, str] = Field(
         default_factory=dict, description="each file of the served folder -> its SHA-256"
     )
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, digest in value.items():
+            parts = name.split("/")
+            if (
+                not _FILE_NAME.fullmatch(name)
+                or name.startswith("/")
+                or any(part in ("", ".", "..") for part in parts)
+            ):
+                raise ValueError(f"files: {name[:80]!r} is not a relative file name")
+            if not _SHA256.fullmatch(digest):
+                raise ValueError(f"files: the digest of {name[:80]!r} is not a SHA-256")
+        return value
 
 
 class Release(BaseModel):
@@ -59,7 +86,9 @@ class Release(BaseModel):
 
     release_id: str
     candidate: str
-    scheme: str
+    # What the pipeline writes (FP8_DYNAMIC, W4A16_AWQ, "unquantized (bfloat16)"): it goes
+    # into a published card's text.
+    scheme: str = Field(pattern=r"^[A-Za-z0-9_]{1,32}( \([a-z0-9]{1,16}\))?$")
     repo_id: str = Field(pattern=f"^{REPO_ID}$", max_length=MAX_REVISION)
     commit: str = Field(pattern=f"^{safety.COMMIT.pattern}$")
     model_dir: str

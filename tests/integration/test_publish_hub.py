@@ -49,7 +49,7 @@ def release(home, tiny_model_dir, tmp_path):
     recipe = {"name": "w4a16", "scheme": "W4A16_AWQ", "calibration_set": "maintenance"}
     (model_dir / RECORD).write_text(
         json.dumps(
-            {"candidate": recipe, "cache_key": "k" * 64, "calibration_sha256": CALIBRATION_SHA}
+            {"candidate": recipe, "cache_key": "9" * 64, "calibration_sha256": CALIBRATION_SHA}
         )
     )
     run_dir = home / "runs" / "20261202T000000Z-abcd"

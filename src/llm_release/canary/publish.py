@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from llm_release import registry
+from llm_release import paths, registry
 from llm_release.errors import PublishError
 from llm_release.fileio import folder_sha256
 from llm_release.hub.acquire import MANIFEST_SUFFIX
@@ -83,26 +83,31 @@ def origin_of(model_dir: Path, scheme: str, *, hash_missing: bool = False) -> Or
     files = files or _manifest_files(model_dir)
     if not files and hash_missing and model_dir.is_dir():
         files = folder_sha256(model_dir, skip=(RECORD,))
-    return Origin(
-        recipe=recipe,
-        calibration_set=recipe.get("calibration_set") if scheme == "W4A16_AWQ" else None,
-        calibration_sha256=record.get("calibration_sha256"),
-        cache_key=record.get("cache_key"),
-        files=files or {},
-    )
+    try:
+        return Origin(
+            recipe=recipe,
+            calibration_set=recipe.get("calibration_set") if scheme == "W4A16_AWQ" else None,
+            calibration_sha256=record.get("calibration_sha256"),
+            cache_key=record.get("cache_key"),
+            files=files or {},
+        )
+    except ValidationError as exc:  # a folder's record the pipeline did not write
+        logger.warning("%s: its quantization record is not the pipeline's: %s", model_dir, exc)
+        return Origin(recipe=recipe)
 
 
 def lineage_of(release: Release) -> Lineage:
     """The release's lineage: upstream repo and commit, and its origin as recorded at deploy
     (an older release: from its folder's quantization record, when the folder has one)."""
-    origin = release.origin or origin_of(Path(release.model_dir), release.scheme)
+    folder = paths.own_model_folder(release.model_dir)  # the record's path: confined
+    origin = release.origin or (origin_of(folder, release.scheme) if folder else Origin())
     return Lineage(
         upstream_repo=release.repo_id,
         upstream_commit=release.commit,
         release_id=release.release_id,
         candidate=release.candidate,
         scheme=release.scheme,
-        run_id=Path(release.run_dir).name if release.run_dir else None,
+        run_id=run_dir.name if (run_dir := registry.recorded_run_dir(release)) else None,
         recipe=origin.recipe,
         calibration_set=origin.calibration_set,
         calibration_sha256=origin.calibration_sha256,

@@ -24,13 +24,14 @@ from typing import get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tabulate import tabulate
 
-from llm_release import registry
+from llm_release import paths, registry
 from llm_release.canary import rollout
 from llm_release.canary.publish import origin_of
 from llm_release.canary.rollout import Answer, WindowRecord
 from llm_release.config import Scheme
 from llm_release.decision import decisions, measurements
 from llm_release.load.loadtest import goodput
+from llm_release.registry import Origin
 from llm_release.reporting.report import ReleaseReport
 from llm_release.results import CandidateResult
 
@@ -234,7 +235,8 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
     events) and its quantization record; its run's ``report.json`` for what a release
     recorded before the record kept it lacks."""
     # Recorded at deploy; a release deployed before the record kept it: its folder, read once
-    origin = release.origin or origin_of(Path(release.model_dir), release.scheme)
+    folder = paths.own_model_folder(release.model_dir)  # the record's path: confined
+    origin = release.origin or (origin_of(folder, release.scheme) if folder else Origin())
     line = ReleaseLineage(
         release_id=release.release_id,
         service=release.public_name,
@@ -244,7 +246,7 @@ def lineage(release: registry.Release, state: str, history: list[dict]) -> Relea
         upstream_commit=release.commit,
         candidate=release.candidate,
         scheme=release.scheme,
-        run_id=Path(release.run_dir).name if release.run_dir else None,
+        run_id=run_dir.name if (run_dir := registry.recorded_run_dir(release)) else None,
         recipe=origin.recipe,
         calibration_set=origin.calibration_set,
         calibration_sha256=origin.calibration_sha256,

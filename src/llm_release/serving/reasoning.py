@@ -23,6 +23,8 @@ from pathlib import Path
 import jinja2
 from jinja2 import meta
 
+from llm_release import paths
+
 log = logging.getLogger(__name__)
 
 # Template variables that switch a model's thinking on or off, in the order looked for:
@@ -157,7 +159,9 @@ def releases_request_body(releases: list) -> dict:
     changes nothing there."""
     kwargs: dict[str, bool] = {}
     for release in releases:
-        if release is not None:
-            found = detect(Path(release.model_dir))
+        # The record's folder is read only when it is one of the project's model folders.
+        folder = paths.own_model_folder(release.model_dir) if release is not None else None
+        if folder is not None:
+            found = detect(folder)
             kwargs |= found.chat_template_kwargs(release.serving.thinking)
     return {"chat_template_kwargs": kwargs} if kwargs else {}

@@ -122,6 +122,8 @@ def test_a_release_with_a_flag_for_a_name_is_never_made():
         ("commit", "main", "should match pattern"),
         ("repo_id", "../../etc", "should match pattern"),
         ("pid_started", -5.0, "greater than or equal to 0"),
+        # a published card's text: no markdown or newline of the record's own
+        ("scheme", "FP8_DYNAMIC\n## Evaluation\n| all | 1.0 |", "should match pattern"),
     ],
 )
 def test_a_recorded_number_or_id_out_of_its_range_is_refused_on_load(home, column, value, why):
@@ -147,3 +149,30 @@ def test_the_registrys_own_numbers_out_of_range_are_refused_on_load(home, column
         session.execute(
             update(RegistryRow).values({column: 8080 if column == "router_port" else 0})
         )
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        {"calibration_set": "maint\n## Evaluation"},
+        {"calibration_sha256": "not-a-digest"},
+        {"cache_key": "k" * 64},
+        {"files": {"../../etc/passwd": "a" * 64}},
+        {"files": {"/etc/passwd": "a" * 64}},
+        {"files": {"a | b`": "a" * 64}},
+        {"files": {"model.safetensors\n## x": "a" * 64}},
+        {"files": {"model.safetensors": "z" * 64}},
+    ],
+)
+def test_a_recorded_origin_holds_only_what_the_pipeline_writes(origin):
+    # Each of these is written into a published model card (hub/publish.py model_card).
+    from llm_release.registry import Origin
+
+    with pytest.raises(ValueError):
+        Origin(**origin)
+    Origin(
+        calibration_set="manufacturing_maintenance",
+        calibration_sha256="c" * 64,
+        cache_key="9" * 64,
+        files={"model.safetensors": "e" * 64, "sub/dir/tokenizer.json": "f" * 64},
+    )

@@ -130,7 +130,7 @@ def _run(home, release: Release) -> None:
                     "calibration_set": "manufacturing",
                 },
                 "calibration_sha256": "c" * 64,
-                "cache_key": "k" * 16,
+                "cache_key": "9" * 64,
                 "files": {"model.safetensors": "e" * 64, "config.json": "f" * 64},
             }
         )
@@ -164,7 +164,7 @@ def test_history_joins_record_run_and_quantization(home):
     assert [e["event"] for e in first.events] == ["stable", "promote"]
     assert second.state == "stable" and second.upstream_commit == "b" * 40
     assert second.recipe["group_size"] == 128 and second.calibration_set == "manufacturing"
-    assert second.calibration_sha256 == "c" * 64 and second.artifact_cache_key == "k" * 16
+    assert second.calibration_sha256 == "c" * 64 and second.artifact_cache_key == "9" * 64
     assert second.artifact_sha256 == {"model.safetensors": "e" * 64, "config.json": "f" * 64}
     assert not second.origin_recorded  # deployed before the record kept origins: the folder
     (score,) = second.scores
@@ -241,7 +241,7 @@ def test_history_reads_the_record_after_the_run_folder_is_gone(home):
             {
                 "candidate": {"name": "w4a16", "scheme": "W4A16_AWQ", "group_size": 64},
                 "calibration_sha256": "c" * 64,
-                "cache_key": "k" * 64,
+                "cache_key": "9" * 64,
             }
         )
     )
@@ -315,7 +315,7 @@ def test_history_reads_the_record_after_the_run_folder_is_gone(home):
     assert score.eval_set_sha256 == "5" * 64
     assert line.approvals == ["approved by person: ship it"]
     assert line.origin_recorded and line.recipe == {"scheme": "W4A16_AWQ", "group_size": 64}
-    assert (line.calibration_sha256, line.artifact_cache_key) == ("c" * 64, "k" * 64)
+    assert (line.calibration_sha256, line.artifact_cache_key) == ("c" * 64, "9" * 64)
     assert line.artifact_sha256 == release.origin.files
     assert line.missing == [] and line.from_report == []
 

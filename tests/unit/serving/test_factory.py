@@ -61,4 +61,4 @@ def test_eval_only_serves_through_the_factory(monkeypatch):
     source = inspect.getsource(operate)
     assert operate.make_server is factory.make_server
     assert "VllmServer" not in source and "DockerServer" not in source
-    assert "make_server(" in inspect.getsource(operate.eval_only.fn)
+    assert "make_server(" in inspect.getsource(operate.evaluate_target)

@@ -273,7 +273,18 @@ def release(model_dir: Path, thinking: bool) -> registry.Release:
     )
 
 
-def test_the_routers_traffic_carries_the_switch_of_what_it_serves(qwen3_dir, tiny_model_dir):
+@pytest.fixture()
+def own_models(monkeypatch, qwen3_dir, tiny_model_dir):
+    """The test models' folders stand for the project's model folders (a record's
+    model_dir is read only there)."""
+    from llm_release import paths
+
+    monkeypatch.setattr(paths, "model_roots", lambda: (qwen3_dir.parent, tiny_model_dir.parent))
+
+
+def test_the_routers_traffic_carries_the_switch_of_what_it_serves(
+    qwen3_dir, tiny_model_dir, own_models
+):
     # a Qwen3 canary beside a stable without a switch: the switch goes out, off
     both = [release(tiny_model_dir, False), release(qwen3_dir, False)]
     assert reasoning.releases_request_body(both) == OFF
@@ -283,7 +294,15 @@ def test_the_routers_traffic_carries_the_switch_of_what_it_serves(qwen3_dir, tin
     assert reasoning.releases_request_body([release(tiny_model_dir, False), None]) == {}
 
 
-def test_llm_release_traffic_to_the_router_carries_the_switch(qwen3_dir, home, capsys):
+def test_a_recorded_folder_outside_the_model_folders_is_not_read(qwen3_dir, monkeypatch, tmp_path):
+    from llm_release import paths
+
+    monkeypatch.setattr(paths, "model_roots", lambda: (tmp_path / "models",))
+    # the same Qwen3 folder, named by a record but not one of the project's: never read
+    assert reasoning.releases_request_body([None, release(qwen3_dir, False)]) == {}
+
+
+def test_llm_release_traffic_to_the_router_carries_the_switch(qwen3_dir, home, capsys, own_models):
     from llm_release.cli import main
 
     with RecordingOpenAI() as server:
