@@ -427,13 +427,18 @@ def waiting_eval(control, deployed, killed_slot) -> dict:
     home = Path(tempfile.mkdtemp(prefix="llmr-eval-", dir="/tmp"))
     server = FakeServer("stable-eval-1", 0, home, home=home)
     control["cleanup"].append(server.close)
+    # The stable release's folder, one of the home's model folders (the only kind a
+    # recorded model_dir is read as).
+    model = home / "models" / "stable-eval"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
     stable = registry.Release(
         release_id="stable-eval-1",
         candidate="baseline",
         scheme="none",
         repo_id=REPO,
         commit="0" * 40,
-        model_dir=str(home),
+        model_dir=str(model),
         public_name="control-room",
         port=server.port,
         pid=server.pid,
