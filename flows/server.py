@@ -38,8 +38,7 @@ from llm_release.settings import env_name, settings
 
 PREFECT_DATABASE_VARIABLE = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
 DRIVER = "postgresql+asyncpg"
-AUTH_VARIABLE = "PREFECT_SERVER_API_AUTH_STRING"  # the server's
-CLIENT_AUTH_VARIABLE = "PREFECT_API_AUTH_STRING"  # its clients'
+AUTH_VARIABLE = "PREFECT_SERVER_API_AUTH_STRING"  # its clients send PREFECT_API_AUTH_STRING
 
 
 def auth_path() -> Path:

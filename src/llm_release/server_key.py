@@ -16,20 +16,16 @@ scrapes (``credentials_file``) and HAProxy, which sets it on every request it fo
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from llm_release import paths
 from llm_release.errors import ConfigError
-from llm_release.secret_files import made_secret, private_file
+from llm_release.secret_files import home_token, private_file, token_valid
 
 # The variable the middleware reads the key from (set only in the server's environment).
 KEY_ENV = "LLMRELEASE_SERVER_KEY"
 # vLLM's --middleware: the module's folder is put on the server's PYTHONPATH.
 MIDDLEWARE = "llm_release_lock.ServerLock"
-# What secrets.token_urlsafe makes (the only keys this module makes; a file edited by hand
-# to something else is refused, it would not survive a header or a HAProxy config line).
-_KEY = re.compile(r"[A-Za-z0-9_-]{32,256}")
 SETTING = "the vLLM servers' key file"
 
 
@@ -40,9 +36,7 @@ def key_path(home: Path | None = None) -> Path:
 def key(home: Path | None = None) -> str:
     """The home's server key, made (0600) the first time it is asked for."""
     path = key_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    secret, _ = made_secret(path, SETTING, valid, _hint(path), kind="key")
-    return secret
+    return home_token(path, SETTING, _hint(path), kind="key")
 
 
 def read(path: Path) -> str:
@@ -55,7 +49,9 @@ def read(path: Path) -> str:
 
 
 def valid(value: str) -> bool:
-    return bool(_KEY.fullmatch(value))
+    """What secrets.token_urlsafe makes (the only keys this module makes; a file edited by
+    hand to something else is refused, it would not survive a header or a HAProxy line)."""
+    return token_valid(value)
 
 
 def _hint(path: Path) -> str:
