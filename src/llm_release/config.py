@@ -290,6 +290,15 @@ class ServingConfig(StrictModel):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="vLLM --kv-cache-dtype (fp8 halves the KV bytes per token)"
     )
+    batch_invariant: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="vLLM's batch-invariant decoding (VLLM_BATCH_INVARIANT): a request's "
+        "answer depends on its prompt, not on the requests batched with it, so the eval gates "
+        "and the canary's quality probes compare weights, not batch mixes. auto: on for a "
+        "server on NVIDIA GPUs of compute capability 8.0 or higher (vLLM's requirement), off "
+        "elsewhere (a CPU); on: refused before any work where vLLM cannot; off: never (on a "
+        "GPU a zero-margin gate can then fail the same weights, as on the H100 on 2026-12-05)",
+    )
     gpus: (
         Literal["auto", "all"]
         | Annotated[int, Field(ge=1, le=MAX_GPUS)]

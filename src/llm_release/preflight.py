@@ -17,7 +17,7 @@ from llm_release.evaluation.evaluate import load_decoding
 from llm_release.hub import local_source
 from llm_release.quantization.quantize import load_calibration_texts
 from llm_release.registry import Release, load
-from llm_release.serving import processes
+from llm_release.serving import batch_invariance, processes
 from llm_release.serving.serve import free_port
 
 
@@ -47,6 +47,7 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
     if config.serving.backend == "docker":
         check_docker(config)
     check_host_kv_cache(config)
+    batch_invariance.check(config.serving)
     if shutil.which("haproxy") is None:
         raise RouterError(
             "haproxy is not installed", hint="run 'make setup' (apt-get install haproxy)"

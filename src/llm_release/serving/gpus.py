@@ -105,6 +105,29 @@ def host_gpus() -> list[int]:
     return sorted(int(line) for line in out.split() if line.strip().isdigit())
 
 
+def compute_capabilities() -> dict[int, float]:
+    """Each NVIDIA GPU's CUDA compute capability by index (empty without ``nvidia-smi`` or
+    when it fails; a line it cannot read is left out)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,compute_cap", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    caps = {}
+    for line in out.splitlines():
+        index, _, cap = (part.strip() for part in line.partition(","))
+        try:
+            caps[int(index)] = float(cap)
+        except ValueError:
+            continue
+    return caps
+
+
 def choose(
     wanted: Literal["auto", "all"] | int | list[int],
     tensor_parallel_size: int,

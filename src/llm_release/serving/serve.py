@@ -28,7 +28,7 @@ from llm_release import hardware, paths, server_key
 from llm_release.config import ServingConfig
 from llm_release.errors import ConfigError, ServeError
 from llm_release.hub.credentials import child_env
-from llm_release.serving import gpus, processes, reasoning
+from llm_release.serving import batch_invariance, gpus, processes, reasoning
 from llm_release.serving.capacity import resolve_batch
 from llm_release.serving.cpu_kernels import check_kv_cache
 from llm_release.serving.dtype import served_dtype
@@ -690,6 +690,7 @@ class VllmServer(Server):
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.gpus)
         try:
+            env |= self._batch_invariance()
             self._launch(cmd, env)
         except BaseException:
             self._give_back_gpus()
@@ -703,6 +704,11 @@ class VllmServer(Server):
                 pid_started=processes.start_time(self.process.pid),
             )
         return self.endpoint()
+
+    def _batch_invariance(self) -> dict[str, str]:
+        on, why = batch_invariance.enabled(self.serving, self.gpus or None)
+        log.info("%s: batch-invariant decoding %s (%s)", self.what(), "on" if on else "off", why)
+        return {batch_invariance.ENV: "1" if on else "0"}
 
     def _launch(self, command: list[str], env: dict[str, str]) -> None:
         """Start vLLM itself (a supervised server starts its supervisor here instead)."""

@@ -33,7 +33,7 @@ from llm_release import paths, server_key
 from llm_release.config import ServingConfig
 from llm_release.errors import ServeError, StateError
 from llm_release.registry import Release, recorded_log_path
-from llm_release.serving import gpus, processes
+from llm_release.serving import batch_invariance, gpus, processes
 from llm_release.serving.backends import image
 from llm_release.serving.backends.docker_client import (
     PROJECT,
@@ -205,6 +205,8 @@ def container_spec(
     if not gpu_host:
         # CPU ids as this host numbers them: the container shares the host's CPUs (no cpuset)
         env |= cpu_env(serving, owner.role)
+    # the host's GPUs, read once through nvidia-smi (serving/batch_invariance.py)
+    env |= batch_invariance.env(serving, gpu_ids) if gpu_host else {batch_invariance.ENV: "0"}
     spec: dict[str, Any] = {
         "image": image,
         "name": container_name(owner, port, home_path),
