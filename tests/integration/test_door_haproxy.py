@@ -159,6 +159,28 @@ def test_the_servers_key_is_haproxys_alone_and_opens_its_exporter(demo_router, b
     assert [auth for _, _, auth in backend.seen] == [f"Bearer {server_key.key()}"]
 
 
+def test_a_server_key_that_begins_with_a_dash_opens_the_exporter(home, backend):
+    """token_urlsafe begins one key in 64 with '-': HAProxy read it as an ACL option and
+    refused its config (the promote of the H100 demo of 2026-12-05, second run). The pattern
+    now follows '--'."""
+    import os
+    import secrets
+
+    key = "-" + secrets.token_urlsafe(32)
+    path = server_key.key_path(home)
+    path.write_text(key + "\n")
+    os.chmod(path, 0o600)
+    assert server_key.key() == key
+    router = started(Router(home / "router", free_port(), door.DoorSettings()), backend)
+    try:
+        exporter = f"http://127.0.0.1:{router.metrics_port}/metrics"
+        assert requests.get(exporter, timeout=5).status_code == 401
+        opened = requests.get(exporter, headers=server_key.headers(), timeout=5)
+        assert opened.status_code == 200 and "haproxy_frontend_" in opened.text
+    finally:
+        router.stop()
+
+
 def test_the_demo_key_is_made_private_and_named(demo_router, caplog):
     key_file = demo_router.api_key_path
     assert key_file.stat().st_mode & 0o777 == 0o600

@@ -196,7 +196,7 @@ def render_config(
             "    no log",
             # Prometheus sends the server key (its credentials_file); nobody else reads
             # the servers' counters.
-            f'    acl scraper http_auth_bearer -m str "${{{server_key.KEY_ENV}}}"',
+            f'    acl scraper http_auth_bearer -m str -- "${{{server_key.KEY_ENV}}}"',
             "    http-request deny status 401 unless scraper",
             "    http-request use-service prometheus-exporter if { path /metrics }",
             "    http-request deny",
