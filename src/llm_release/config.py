@@ -290,14 +290,14 @@ class ServingConfig(StrictModel):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
         "auto", description="vLLM --kv-cache-dtype (fp8 halves the KV bytes per token)"
     )
-    batch_invariant: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="vLLM's batch-invariant decoding (VLLM_BATCH_INVARIANT): a request's "
-        "answer depends on its prompt, not on the requests batched with it, so the eval gates "
-        "and the canary's quality probes compare weights, not batch mixes. auto: on for a "
-        "server on NVIDIA GPUs of compute capability 8.0 or higher (vLLM's requirement), off "
-        "elsewhere (a CPU); on: refused before any work where vLLM cannot; off: never (on a "
-        "GPU a zero-margin gate can then fail the same weights, as on the H100 on 2026-12-05)",
+    batch_invariant: Literal["on", "off"] = Field(
+        "off",
+        description="vLLM's batch-invariant decoding (VLLM_BATCH_INVARIANT=1) in every server "
+        "(candidates, stable, canary): meant to make a request's answer independent of the "
+        "requests batched with it. on: refused before any work unless every GPU is NVIDIA "
+        "compute capability 8.0 or higher. off (default): on the H100 on 2026-12-05 (vLLM "
+        "0.26) it did not make the same weights score alike and cost 0.42x the output tok/s "
+        "(docs/gpu-host.md)",
     )
     gpus: (
         Literal["auto", "all"]

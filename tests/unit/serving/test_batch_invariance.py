@@ -11,6 +11,8 @@ from llm_release.config import ReleaseConfig, ServingConfig
 from llm_release.errors import ConfigError
 from llm_release.serving import batch_invariance, gpus
 
+ON = ServingConfig(batch_invariant="on")
+
 
 @pytest.fixture
 def smi(tmp_path: Path, monkeypatch):
@@ -38,43 +40,36 @@ def test_compute_capabilities_are_read_per_gpu_and_junk_is_left_out(smi):
     assert gpus.compute_capabilities() == {}
 
 
-def test_auto_is_on_for_a_hopper_gpu_and_says_why(smi):
+def test_on_is_taken_on_a_hopper_gpu_and_says_why(smi):
     smi("0, 9.0\\n")
-    on, why = batch_invariance.enabled(ServingConfig())
+    on, why = batch_invariance.enabled(ON)
     assert on and "9" in why
-    assert batch_invariance.env(ServingConfig()) == {"VLLM_BATCH_INVARIANT": "1"}
+    assert batch_invariance.env(ON) == {"VLLM_BATCH_INVARIANT": "1"}
 
 
-def test_auto_is_off_without_a_gpu_or_below_ampere(smi):
-    smi(None)
-    on, why = batch_invariance.enabled(ServingConfig())
-    assert not on and "no NVIDIA GPU" in why
-    smi("0, 7.5\\n")
-    on, why = batch_invariance.enabled(ServingConfig())
-    assert not on and "GPU 0: 7.5" in why
+def test_off_is_the_default(smi):
+    smi("0, 9.0\\n")
+    assert ServingConfig().batch_invariant == "off"
     assert batch_invariance.env(ServingConfig()) == {"VLLM_BATCH_INVARIANT": "0"}
+
+
+def test_on_without_a_gpu_or_below_ampere_is_refused_with_the_way_out(smi):
+    smi(None)
+    with pytest.raises(ConfigError, match="no NVIDIA GPU"):
+        batch_invariance.check(ON)
+    smi("0, 7.5\\n")
+    with pytest.raises(ConfigError) as caught:
+        batch_invariance.check(ON)
+    assert "compute capability below 8 (GPU 0: 7.5)" in caught.value.message
+    assert "off" in caught.value.hint
 
 
 def test_the_servers_own_gpus_decide(smi):
     smi("0, 9.0\\n1, 7.5\\n")
-    assert batch_invariance.enabled(ServingConfig(), [0])[0]
-    assert not batch_invariance.enabled(ServingConfig(), [1])[0]
-    assert not batch_invariance.enabled(ServingConfig(), [0, 1])[0]
-    assert not batch_invariance.enabled(ServingConfig())[0]  # all of the host's
-    on, why = batch_invariance.enabled(ServingConfig(), [3])
-    assert not on and "GPU [3]" in why
-
-
-def test_on_where_vllm_cannot_is_refused_with_the_way_out(smi):
-    smi("0, 7.5\\n")
-    serving = ServingConfig(batch_invariant="on")
-    with pytest.raises(ConfigError) as caught:
-        batch_invariance.check(serving)
-    assert "compute capability below 8" in caught.value.message
-    assert "auto" in caught.value.hint and "off" in caught.value.hint
-    smi("0, 9.0\\n")
-    batch_invariance.check(serving)
-    assert batch_invariance.env(serving) == {"VLLM_BATCH_INVARIANT": "1"}
+    assert batch_invariance.enabled(ON, [0])[0]
+    for gpu_ids in ([1], [0, 1], None, [3]):  # None: all of the host's
+        with pytest.raises(ConfigError):
+            batch_invariance.enabled(ON, gpu_ids)
 
 
 def test_off_is_written_even_on_a_gpu_so_an_inherited_variable_cannot_decide(smi, monkeypatch):
@@ -85,11 +80,13 @@ def test_off_is_written_even_on_a_gpu_so_an_inherited_variable_cannot_decide(smi
     }
 
 
-def test_the_setting_takes_only_its_three_words():
+def test_the_setting_takes_only_its_two_words():
     source = {"repo_id": "HuggingFaceTB/SmolLM2-135M-Instruct"}
     with pytest.raises(ValueError, match="batch_invariant"):
         ReleaseConfig.model_validate({"source": source, "serving": {"batch_invariant": "yes"}})
-    assert ReleaseConfig.model_validate({"source": source}).serving.batch_invariant == "auto"
+    with pytest.raises(ValueError, match="batch_invariant"):
+        ReleaseConfig.model_validate({"source": source, "serving": {"batch_invariant": "auto"}})
+    assert ReleaseConfig.model_validate({"source": source}).serving.batch_invariant == "off"
 
 
 STAND_IN_SMI = """#!/bin/sh
@@ -103,7 +100,7 @@ esac
 
 @pytest.mark.parametrize(
     ("cap", "setting", "expected"),
-    [("9.0", "auto", "1"), ("7.5", "auto", "0"), ("9.0", "off", "0")],
+    [("9.0", "on", "1"), ("9.0", "off", "0")],
 )
 def test_a_process_server_starts_vllm_with_the_mode_of_its_gpus(
     tmp_path, monkeypatch, cap, setting, expected
@@ -149,7 +146,7 @@ def test_a_container_gets_the_mode_of_its_gpus(smi, tmp_path, gpu_host, expected
         image="vllm/vllm-openai:v0.32.0",
         model_dir=tmp_path / "models" / "m",
         served_names=["m"],
-        serving=ServingConfig(backend="docker"),
+        serving=ServingConfig(backend="docker", batch_invariant="on"),
         port=41000,
         owner=Owner(role="stable", release_id="r"),
         gpu_ids=[1] if gpu_host else None,
