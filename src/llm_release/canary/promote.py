@@ -126,7 +126,23 @@ def _slot(release: Release | None, weight: int) -> SlotTarget | None:
     return SlotTarget("127.0.0.1", release.port, weight) if release else None
 
 
+def check_ports(state: RegistryState) -> None:
+    """Before HAProxy or Prometheus is pointed at the record's servers (both send them the
+    servers' key): every recorded port is the release's own server's, or free. A record
+    edited to name another process's port is refused, nothing sent there."""
+    for role, release in (("stable", state.stable), ("canary", state.canary)):
+        problems = backends.port_problems(release) if release is not None else []
+        if problems:
+            raise StateError(
+                f"the record's {role} release {release.release_id}: {'; '.join(problems)}, "
+                "not its own server: no key is sent there",
+                hint="'make down' then 'make up' serves it again on ports of its own; "
+                "check who edited the record",
+            )
+
+
 def _apply(router: Router, state: RegistryState) -> None:
+    check_ports(state)
     stable_weight = 100 - state.canary_weight if state.canary else 100
     stable = _slot(state.stable, stable_weight)
     canary = _slot(state.canary, state.canary_weight)
@@ -145,6 +161,7 @@ def _apply(router: Router, state: RegistryState) -> None:
 def _sync_metrics(state: RegistryState, haproxy_metrics_port: int | None) -> None:
     """Prometheus follows the registry and sends the alerts that fire to the project's
     Alertmanager (each started if it is not running)."""
+    check_ports(state)
     alerts = alertmanager.for_home().ensure_running()
     prometheus.sync_targets(state, haproxy_metrics_port, alerts.address)
 

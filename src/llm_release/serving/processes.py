@@ -208,3 +208,32 @@ def group_alive(pgid: int) -> bool:
         except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
             continue
     return False
+
+
+def listeners(port: int) -> list[int | None]:
+    """The processes listening on TCP ``port`` on this host (any address): their pids, None
+    for a socket whose process this user may not see (another user's)."""
+    return [
+        conn.pid
+        for conn in psutil.net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port
+    ]
+
+
+def tree(pid: int) -> set[int]:
+    """``pid`` and every process below it (empty when it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        return {pid} | {child.pid for child in root.children(recursive=True)}
+    except (psutil.NoSuchProcess, ValueError):
+        return set()
+
+
+def foreign_listeners(port: int, ours: set[int]) -> list[str]:
+    """Who else listens on ``port``: pids outside ``ours``, or 'another user' for a socket
+    whose process this user cannot see."""
+    return [
+        "another user's process" if pid is None else f"pid {pid}"
+        for pid in listeners(port)
+        if pid is None or pid not in ours
+    ]

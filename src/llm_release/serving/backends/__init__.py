@@ -24,6 +24,18 @@ def release_alive(release: Release) -> bool:
     return alive(release)
 
 
+def port_problems(release: Release) -> list[str]:
+    """The release's recorded ports (``port``, ``supervisor_port``) that a process other than
+    its own server holds, in words; empty when each is its own or free. A record anyone can
+    edit must not steer the servers' key (HAProxy, Prometheus, the pipeline send it there) to
+    another local user's listener."""
+    if release.serving.backend == "docker":
+        from llm_release.serving.backends.docker import port_problems as problems
+    else:
+        from llm_release.serving.backends.process import port_problems as problems
+    return problems(release)
+
+
 def stop_release(release: Release, grace_s: float = 20) -> bool:
     """Stop ``release``'s server if it is still the recorded one; False otherwise."""
     if release.serving.backend == "docker":

@@ -480,6 +480,55 @@ def release_alive(release: Release) -> bool:
     return found is not None and found.status == "running" and _is_recorded(found, release)
 
 
+def _published_ports(container: Any) -> set[int]:
+    """The host ports the container publishes on 127.0.0.1 (Docker's own record of them)."""
+    ports = (container.attrs.get("NetworkSettings") or {}).get("Ports") or {}
+    return {
+        int(bind["HostPort"])
+        for binds in ports.values()
+        for bind in binds or []
+        if bind.get("HostIp") == "127.0.0.1" and str(bind.get("HostPort", "")).isdigit()
+    }
+
+
+def _metrics_processes(container_id: str) -> set[int]:
+    """This user's container-metrics processes of the container (``_start_metrics``)."""
+    import psutil
+
+    found = set()
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+        cmdline = proc.info["cmdline"] or []
+        uids = proc.info["uids"]
+        if uids is not None and uids.real == os.getuid() and METRICS_MODULE in cmdline:
+            if container_id in cmdline:
+                found.add(proc.pid)
+    return found
+
+
+def port_problems(release: Release) -> list[str]:
+    """The recorded ports held by something other than the release's container (``port``:
+    published by it, whoever listens for Docker) and its metrics process
+    (``supervisor_port``)."""
+    try:
+        found = find_container(release.container)
+    except ServeError:
+        found = None
+    ours = found is not None and _is_recorded(found, release)
+    problems = []
+    if not (ours and release.port in _published_ports(found)):
+        others = processes.foreign_listeners(release.port, set())
+        if others:
+            problems.append(f"port {release.port} is held by {', '.join(others)}")
+    if release.supervisor_port is not None:
+        metrics = _metrics_processes(found.id) if ours else set()
+        others = processes.foreign_listeners(release.supervisor_port, metrics)
+        if others:
+            problems.append(
+                f"supervisor_port {release.supervisor_port} is held by {', '.join(others)}"
+            )
+    return problems
+
+
 def stop_release(release: Release, grace_s: float = 20) -> bool:
     """Stop and remove the release's container, its log copied to the release's log file
     first; False when it was not running (a stopped one of ours is removed all the same)."""

@@ -49,6 +49,18 @@ def release_alive(release: Release) -> bool:
     return state is None or state.state not in supervise.GAVE_UP
 
 
+def port_problems(release: Release) -> list[str]:
+    """The recorded ports another process listens on (the release's server tree, a supervisor
+    and its vLLM, is the only one that may): the pipeline sends the servers' key there."""
+    ours = processes.tree(release.pid) if _recorded_alive(release) else set()
+    problems = []
+    for field, port in (("port", release.port), ("supervisor_port", release.supervisor_port)):
+        others = processes.foreign_listeners(port, ours) if port is not None else []
+        if others:
+            problems.append(f"{field} {port} is held by {', '.join(others)}")
+    return problems
+
+
 def stop_release(release: Release, grace_s: float = 20) -> bool:
     """Stop the recorded server (a supervisor stops its server first), and the server group
     a supervisor last ran should the supervisor be gone."""
