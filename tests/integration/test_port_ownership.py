@@ -22,6 +22,7 @@ from llm_release.serving import backends, processes
 from llm_release.serving.serve import free_port
 
 pytestmark = pytest.mark.integration
+RELEASE_ID = "stable-0123abcd-20261205000000"
 
 # Listens on argv[1]; with argv[2] == "child", a child of it listens instead (a supervisor
 # and its vLLM).
@@ -29,7 +30,7 @@ LISTENER = """
 import socket, subprocess, sys, time
 port, how = int(sys.argv[1]), sys.argv[2]
 if how == "child":
-    subprocess.Popen([sys.executable, __file__, str(port), "self"])
+    subprocess.Popen([sys.executable, __file__, str(port), "self", *sys.argv[3:]])
 else:
     s = socket.socket()
     s.bind(("127.0.0.1", port))
@@ -44,8 +45,9 @@ def listen(tmp_path: Path, port: int, how: str, home: Path | None) -> subprocess
     env = dict(os.environ)
     if home is not None:
         env[processes.HOME_MARK] = str(home.resolve())
+    # The release's id on its command line, as vLLM's --served-model-name puts it there.
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(port), how], start_new_session=True, env=env
+        [sys.executable, str(script), str(port), how, RELEASE_ID], start_new_session=True, env=env
     )
     deadline = time.monotonic() + 20
     while not processes.listeners(port) and time.monotonic() < deadline:
@@ -56,7 +58,7 @@ def listen(tmp_path: Path, port: int, how: str, home: Path | None) -> subprocess
 
 def release(pid: int, port: int) -> Release:
     return Release(
-        release_id="stable-0123abcd-20261205000000",
+        release_id=RELEASE_ID,
         candidate="stable",
         scheme="none",
         repo_id="a/b",

@@ -96,7 +96,21 @@ def test_a_reused_pid_is_never_killed(home, procs, capsys):
     assert alive(stranger), "down killed a process a forged record named"
     # The control: a process this home's project started, recorded with its real start
     # time, is ours and stops.
-    ours = spawn(home=home)
+    # A process of this home, recorded with its real pid and start time under another
+    # release's name (say, a canary record naming the stable's server, which a rollback
+    # stops): not that release's, as its command line does not name it; it is not stopped.
+    # ('down' stops every process of the home, records or not.)
+    other = spawn("--served-model-name", "b", "canary-0123abcd-20261130000000", home=home)
+    procs.append(other)
+    time.sleep(0.1)
+    forged = release("stable", other, free_port(), start_time(other.pid))
+    assert not promote.release_alive(forged)
+    assert not promote.stop_release(forged)
+    assert alive(other), "another release's server was stopped for a forged record"
+    # The control: a process this home's project started for the release (its command line
+    # names it, as vLLM's --served-model-name does), recorded with its real start time, is
+    # ours and stops.
+    ours = spawn("--served-model-name", "b", "stable-0123abcd-20261130000000", home=home)
     procs.append(ours)
     time.sleep(0.1)
     with registry.locked() as state:
@@ -190,7 +204,7 @@ def test_rollback_draining_while_a_release_deploys_leaves_haproxy_and_registry_a
     backends = {name: Backend(name) for name in ("stable", "old", "new")}
 
     def start_release(target, public_name, role):
-        proc = spawn(home=home)
+        proc = spawn(f"{target.candidate}-0123abcd-20261130000000", home=home)
         procs.append(proc)
         time.sleep(0.05)
         return release(

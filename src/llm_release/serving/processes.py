@@ -95,15 +95,18 @@ def is_alive(pid: int) -> bool:
 
 
 def is_same(pid: int, started: float | None, *, cmdline_has: str | None = None) -> bool:
-    """``pid`` is alive and is the process recorded: same start time, or — for a record
-    without one — a command line containing ``cmdline_has``."""
+    """``pid`` is alive and is the process recorded: same start time, and — where
+    ``cmdline_has`` is given — a command line containing it (a record without a start time
+    is judged by the command line alone). Both, where both are known: a record that names
+    another live process of the same home by its pid and start time (both readable in
+    /proc) is not that process's, unless the process's command line names it too."""
     if pid <= 0 or not is_alive(pid):
         return False
-    if started is not None:
-        return same_start(pid, started)
+    if started is not None and not same_start(pid, started):
+        return False
     if cmdline_has:
         return any(cmdline_has in part for part in _cmdline(pid))
-    return False
+    return started is not None
 
 
 def started_before(pid: int, moment: float) -> bool:

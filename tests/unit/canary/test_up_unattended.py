@@ -39,8 +39,9 @@ def _release(pid: int, started: float | None, name: str) -> Release:
 
 @pytest.fixture()
 def live(home):
+    # Its command line names the releases it stands in for, as a server's does.
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)"], env=marked_env()
+        [sys.executable, "-c", "import time; time.sleep(120)", STABLE, CANARY], env=marked_env()
     )
     yield proc.pid, start_time(proc.pid)
     proc.kill()
