@@ -90,22 +90,6 @@ export PATH=/tmp/debbin:$PATH
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 
-# monitors: the unpacked Alertmanager and Prometheus started once on a minimal config (no setup)
-if [ "${MONITORS_ONLY:-}" = 1 ]; then
-  mkdir -p /tmp/mon && cd /tmp/mon
-  printf 'route:\n  receiver: none\nreceivers:\n  - name: none\n' > am.yml
-  printf 'global:\n  scrape_interval: 5s\n' > prom.yml
-  prometheus-alertmanager --config.file=am.yml --storage.path=am --web.listen-address=127.0.0.1:19093 \
-    --cluster.listen-address= > am.log 2>&1 &
-  prometheus --config.file=prom.yml --storage.tsdb.path=prom --web.listen-address=127.0.0.1:19090 > prom.log 2>&1 &
-  sleep 4
-  log "alertmanager ready: $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:19093/-/ready); prometheus ready: $(curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:19090/-/ready)"
-  log "amtool: $(amtool check-config am.yml 2>&1 | tr '\n' ' ' | cut -c1-200)"
-  tail -n 3 am.log prom.log | cut -c1-250
-  cp am.log prom.log "$OUT/"
-  cd "$ROOT"; finish; exit 0
-fi
-
 # --- make setup, then make demo in its own session ------------------------------------------
 if [ ! -f /tmp/demo/started ]; then
   log "make setup WHEELHOUSE=/tmp/gw/wh HOST_TORCH=1 VLLM_DEPS=lean"
