@@ -21,6 +21,7 @@ from tabulate import tabulate
 from flows.canary import install_alerts
 from llm_release import paths, registry
 from llm_release.canary import promote
+from llm_release.canary.drain import DrainResult
 from llm_release.config import EvalConfig, RolloutConfig, ServingConfig
 from llm_release.errors import ConfigError, ReleaseError, StateError
 from llm_release.evaluation.evaluate import run_evaluation
@@ -50,7 +51,7 @@ class ReleaseSummary(BaseModel):
     candidate: str
     commit: str
     public_name: str
-    drain: promote.DrainResult | None = Field(
+    drain: DrainResult | None = Field(
         None, description="rollback: how the server left (outcome 'unknown': not confirmed empty)"
     )
 

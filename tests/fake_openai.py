@@ -38,15 +38,25 @@ class FakeServer:
         fail_every: int = 0,
         *,
         home: Path | None = None,
+        served_names: tuple[str, ...] = (),
     ):
         """``home``: the project home whose mark it carries (LLM_RELEASE_HOME's by default),
-        as the vLLM servers it stands in for do."""
+        as the vLLM servers it stands in for do; ``served_names`` end its command line, as
+        vLLM's --served-model-name names the release it serves."""
         from tests.helpers import marked_env
 
         self.name = name
         self.record_path = Path(directory) / f"{name}.json"
         self.process = subprocess.Popen(
-            [sys.executable, __file__, name, str(delay_s), str(self.record_path), str(fail_every)],
+            [
+                sys.executable,
+                __file__,
+                name,
+                str(delay_s),
+                str(self.record_path),
+                str(fail_every),
+                *(["--served-model-name", *served_names] if served_names else []),
+            ],
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,

@@ -37,8 +37,9 @@ class Fakes:
         self.directory = directory
         self.servers: dict[str, FakeServer] = {}
 
-    def __call__(self, name: str) -> FakeServer:
-        self.servers[name] = FakeServer(name, DELAY_S, self.directory)
+    def __call__(self, name: str, release_id: str | None = None) -> FakeServer:
+        names = (release_id,) if release_id else ()
+        self.servers[name] = FakeServer(name, DELAY_S, self.directory, served_names=names)
         return self.servers[name]
 
 
@@ -67,9 +68,10 @@ def retries(router: Router) -> int:
 
 def test_weight_steps_promote_rollback_and_drain_lose_no_request(home, fakes, monkeypatch):
     def start_release(target, public_name, role):
-        fake = fakes(target.candidate)
+        release_id = f"{target.candidate}-0123abcd-20261130000000"
+        fake = fakes(target.candidate, release_id)
         return Release(
-            release_id=f"{target.candidate}-0123abcd-20261130000000",
+            release_id=release_id,
             candidate=target.candidate,
             scheme="none",
             repo_id="a/b",

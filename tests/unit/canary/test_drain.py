@@ -15,7 +15,7 @@ import time
 import pytest
 
 from llm_release import registry
-from llm_release.canary import promote
+from llm_release.canary import drain, promote
 from llm_release.canary.router import Router
 from llm_release.cli import EXIT_DRAIN_UNCONFIRMED
 from llm_release.cli import main as cli
@@ -100,11 +100,11 @@ def test_a_hanging_metrics_endpoint_and_a_refusing_router_are_unknown_not_draine
     assert refusing_router.running()
     with pytest.raises(ConnectionRefusedError):
         refusing_router.in_flight("canary", port)
-    assert promote.running_requests(release, timeout_s=0.5) is None
-    assert promote._router_in_flight(refusing_router, "canary", port) is None
+    assert drain.running_requests(release, timeout_s=0.5) is None
+    assert drain.router_in_flight(refusing_router, "canary", port) is None
 
     started = time.monotonic()
-    result = promote.drain_and_stop(release, 1.5, router=refusing_router, slot="canary")
+    result = drain.drain_and_stop(release, 1.5, router=refusing_router, slot="canary")
     waited = time.monotonic() - started
     assert result.outcome == "unknown" and not result.confirmed_empty, result
     assert (result.router_in_flight, result.server_in_flight) == (None, None)
@@ -134,7 +134,7 @@ def test_metrics_without_vllm_gauges_or_with_an_error_status_are_unknown(tmp_pat
     Thread(target=server.serve_forever, daemon=True).start()
     try:
         release = release_for(1, server.server_address[1])
-        assert [promote.running_requests(release, timeout_s=2) for _ in range(3)] == [None] * 3
+        assert [drain.running_requests(release, timeout_s=2) for _ in range(3)] == [None] * 3
     finally:
         server.shutdown()
         server.server_close()
@@ -144,8 +144,8 @@ def test_an_idle_server_without_a_router_drains_at_once(tmp_path):
     fake = FakeServer("idle-0123abcd-20261201000000", 0, tmp_path)
     try:
         release = release_for(fake.pid, fake.port, name="idle-0123abcd-20261201000000")
-        assert promote.running_requests(release) == 0
-        result = promote.drain_and_stop(release, 30)
+        assert drain.running_requests(release) == 0
+        result = drain.drain_and_stop(release, 30)
         assert result.outcome == "drained" and result.confirmed_empty, result
         assert (result.router_in_flight, result.server_in_flight) == (0, 0)
         assert result.waited_s < 10
@@ -203,8 +203,8 @@ def test_running_requests_sums_every_series_and_a_page_that_does_not_parse_is_un
     Thread(target=server.serve_forever, daemon=True).start()
     try:
         release = release_for(1, server.server_address[1])
-        assert promote.running_requests(release, timeout_s=2) == 7
-        assert promote.running_requests(release, timeout_s=2) is None
+        assert drain.running_requests(release, timeout_s=2) == 7
+        assert drain.running_requests(release, timeout_s=2) is None
     finally:
         server.shutdown()
         server.server_close()
