@@ -90,36 +90,32 @@ def ledger_path() -> Path:
     return paths.home() / "gpus.json"
 
 
-def host_gpus() -> list[int]:
-    """The indices of this host's NVIDIA GPUs (none without ``nvidia-smi``)."""
+def _query_gpus(fields: str) -> str:
+    """``nvidia-smi --query-gpu=FIELDS`` as CSV rows; empty without nvidia-smi or when it
+    fails."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+        return subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
             capture_output=True,
             text=True,
             timeout=30,
             check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
-        return []
+        return ""
+
+
+def host_gpus() -> list[int]:
+    """The indices of this host's NVIDIA GPUs (none without ``nvidia-smi``)."""
+    out = _query_gpus("index")
     return sorted(int(line) for line in out.split() if line.strip().isdigit())
 
 
 def compute_capabilities() -> dict[int, float]:
     """Each NVIDIA GPU's CUDA compute capability by index (empty without ``nvidia-smi`` or
     when it fails; a line it cannot read is left out)."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,compute_cap", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
     caps = {}
-    for line in out.splitlines():
+    for line in _query_gpus("index,compute_cap").splitlines():
         index, _, cap = (part.strip() for part in line.partition(","))
         try:
             caps[int(index)] = float(cap)
