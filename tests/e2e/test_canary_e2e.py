@@ -260,6 +260,14 @@ def test_canary_rolls_back_by_itself_then_a_healthy_one_is_promoted(
     monkeypatch.setenv("LLM_RELEASE_EVAL_SETS", str(tmp_path / "eval_sets"))
     # The faulty canary: the router and Prometheus reach it through the fault proxy.
     proxy = FaultProxy(state.canary.port)
+    # The proxy is this test's, not the canary's server: the recorded-port check
+    # (promote.check_ports) would refuse it, as it refuses any port the release does not hold.
+    own_ports = promote.backends.port_problems
+    monkeypatch.setattr(
+        promote.backends,
+        "port_problems",
+        lambda release: [] if release.port == proxy.port else own_ports(release),
+    )
     try:
         with registry.locked() as current:
             current.canary = current.canary.model_copy(update={"port": proxy.port})

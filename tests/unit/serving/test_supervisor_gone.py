@@ -12,13 +12,19 @@ import pytest
 from llm_release.cli import _server_text
 from llm_release.fileio import atomic_write_text
 from llm_release.serving import processes
-from llm_release.serving.supervise import GONE, SupervisorState, state_path, summary
+from llm_release.serving.supervise import (
+    GONE,
+    SupervisorState,
+    spec_path,
+    state_path,
+    summary,
+)
 
 BACKOFF = "exit code -9; crash 1 of at most 6 within 600 s; restart in 2 s"
 
 
-def _spawn() -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def _spawn(*extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *extra])
 
 
 def _write_state(log_path, pid: int, started: float | None, state: str = "backoff") -> None:
@@ -76,9 +82,9 @@ def test_a_live_process_that_is_not_the_supervisor_is_not_taken_for_it(tmp_path)
 
 
 def test_a_running_supervisor_keeps_its_figures(tmp_path):
-    proc = _spawn()
+    log = tmp_path / "r1.log"
+    proc = _spawn(str(spec_path(log)))  # its command line names its spec, as a supervisor's does
     try:
-        log = tmp_path / "r1.log"
         _write_state(log, proc.pid, processes.start_time(proc.pid))
         assert summary(log) == {"state": "backoff", "restarts": 1, "reason": BACKOFF}
     finally:
