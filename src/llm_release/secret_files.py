@@ -11,6 +11,7 @@ import os
 import re
 import secrets
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,20 +50,30 @@ def made_secret(
 ) -> tuple[str, bool]:
     """The secret in ``path`` and whether it was made now: made at random (0600 whatever
     the umask) the first time; an existing file must be this user's and closed to others
-    (``private_file``) and hold what ``valid`` accepts, else ConfigError with ``hint``."""
+    (``private_file``) and hold what ``valid`` accepts, else ConfigError with ``hint``.
+
+    The file appears whole: the secret is written to a private temporary file beside it,
+    then linked to ``path`` (``link`` fails if ``path`` exists). Two processes making it at
+    once both read the one that won; neither reads a file still empty (CI, 2026-12-05: a
+    test read the servers' key file between another's create and write)."""
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        private_file(path, setting, "a file only its owner reads")
-        secret = path.read_text("utf-8").strip()
-        if not valid(secret):
-            raise ConfigError(f"{setting} {path} holds no {kind}", hint=hint) from None
-        return secret, False
-    secret = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(secret + "\n")
-    return secret, True
+    if not path.exists():
+        secret = secrets.token_urlsafe(32)
+        fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(secret + "\n")
+            os.link(scratch, path)
+            return secret, True
+        except FileExistsError:
+            pass  # another process made it first: its secret is read below
+        finally:
+            os.unlink(scratch)
+    private_file(path, setting, "a file only its owner reads")
+    secret = path.read_text("utf-8").strip()
+    if not valid(secret):
+        raise ConfigError(f"{setting} {path} holds no {kind}", hint=hint) from None
+    return secret, False
 
 
 # What secrets.token_urlsafe(32) makes, with room for a longer one written by hand.
