@@ -62,11 +62,10 @@ SERVICE_PORTS = (
 )
 # The demo hub's port (``llm-release hub``'s default): one of the project's services.
 DEMO_HUB_PORT = 8765
-# Cloud metadata services outside the link-local ranges: AWS's IPv6 instance metadata
-# (a unique-local address, not fe80::/10) and Alibaba Cloud's.
 # Cloud metadata services outside the link-local ranges: AWS's IPv6 (fd00:ec2::254), GCP's
 # IPv6 (fd20:ce::254), Oracle Cloud's IPv4 and IPv6 (192.0.0.192, fd00:c1::a9fe:a9fe),
-# Alibaba's (100.100.100.200). Azure, GCP's and DigitalOcean's IPv4 are link-local.
+# Alibaba's (100.100.100.200), Azure's WireServer (168.63.129.16: it hands out the VM's
+# configuration and certificates). Azure's, GCP's and DigitalOcean's IMDS are link-local.
 METADATA_ADDRESSES = frozenset(
     ipaddress.ip_address(a)
     for a in (
@@ -75,6 +74,7 @@ METADATA_ADDRESSES = frozenset(
         "192.0.0.192",
         "fd00:c1::a9fe:a9fe",
         "100.100.100.200",
+        "168.63.129.16",
     )
 )
 # IPv6 prefixes that carry an IPv4 address in their last 32 bits: NAT64 (64:ff9b::/96,
@@ -271,9 +271,10 @@ def _prefect_api() -> tuple[str, int] | None:
 
 def _literal_addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
     """``host`` as an IP address, in any spelling the C library accepts (``2852039166``,
-    ``0xa9fea9fe``, ``169.254.43518`` are all 169.254.169.254); [] for a name."""
+    ``0xa9fea9fe``, ``169.254.43518`` are all 169.254.169.254); [] for a name. An IPv6
+    zone (``fd00:ec2::254%eth0``) is dropped: it names the interface, not another host."""
     try:
-        return [ipaddress.ip_address(host)]
+        return [ipaddress.ip_address(host.split("%")[0])]
     except ValueError:
         pass
     try:

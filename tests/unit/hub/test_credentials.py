@@ -177,6 +177,10 @@ def policy(monkeypatch):
         "http://[64:ff9b::169.254.169.254]",
         "http://[::a9fe:a9fe]",  # the IPv4-compatible spelling
         "http://[2002:a9fe:a9fe::1]",  # 6to4 of 169.254.169.254
+        "http://[fd00:ec2::254%251]",  # AWS's, with an IPv6 zone (%25 is '%' in a URL)
+        "http://[fd00:ec2::254%25eth0]/latest",
+        "http://100.100.100.200",  # Alibaba Cloud's
+        "http://168.63.129.16",  # Azure's WireServer
     ],
 )
 def test_link_local_endpoints_are_refused(policy, url):
