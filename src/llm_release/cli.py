@@ -558,9 +558,13 @@ def _plan_folder(model: str) -> Path | None:
             f"{MAX_PLAN_PATH} ({MAX_PATH_PART} a part), a repo id at most {MAX_REPO_ID}",
             hint=hint,
         )
-    local = Path(model).expanduser()
-    if local.is_dir():
-        return local
+    try:
+        local = Path(model).expanduser()
+        if local.is_dir():
+            return local
+    except (OSError, RuntimeError) as exc:  # no such user's home; a folder it cannot enter
+        reason = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"model {shown} cannot be read: {reason}", hint=hint) from None
     if model.startswith(("/", ".", "~")) or model.count("/") != 1:
         raise ConfigError(
             f"{shown} is neither a model folder nor an 'owner/name' repo id", hint=hint
@@ -574,6 +578,19 @@ def _plan_folder(model: str) -> Path | None:
     return None
 
 
+def _check_revision(revision: str) -> None:
+    from llm_release.config import MAX_REVISION
+    from llm_release.errors import ConfigError
+
+    if len(revision) > MAX_REVISION or not revision or not revision.isprintable():
+        shown = ascii(revision[:80]) + ("..." if len(revision) > 80 else "")
+        raise ConfigError(
+            f"--revision {shown} is not a branch, tag or commit of 1 to {MAX_REVISION} "
+            "printable characters",
+            hint="pass a branch, tag or 40-hex commit of the repo",
+        )
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     """Size a model folder or a hub repo (headers only) for vLLM; logic in planner."""
     from llm_release import sizing as planner
@@ -582,6 +599,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from llm_release.sizing import corrections
 
     local = _plan_folder(args.model)
+    _check_revision(args.revision)
     if local is not None:
         files = hub_headers.read_local(local)
     else:
