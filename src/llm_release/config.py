@@ -51,6 +51,7 @@ MAX_REVIEW_S = 7 * 86_400  # a person's answer: a week
 MAX_CONCURRENCY = 100_000  # requests in flight at one load level
 MAX_LIST = 64  # entries of a list (eval sets, load levels, ignored layers, candidates)
 MAX_REVISION = 256  # a branch, tag or commit
+MAX_MEMORY_GIB = 1 << 20  # memory a server may be given: 1 PiB
 # A CPU server's batch when the config names none (the demo host's two cores).
 CPU_MAX_NUM_SEQS = 16
 # vLLM's own --max-num-seqs on a GPU of >= 70 GiB (engine/arg_utils.py get_batch_defaults).
@@ -82,7 +83,7 @@ class SourceConfig(StrictModel):
     endpoint: str | None = Field(
         None, description="hub endpoint; None uses HF_ENDPOINT / MODELSCOPE_ENDPOINT or the hub"
     )
-    allow_patterns: list[str] | None = None
+    allow_patterns: list[str] | None = Field(None, max_length=MAX_LIST)
     local_path: str | None = Field(
         None,
         description="for hub=local: the absolute path of a model folder under one of the "
@@ -137,6 +138,7 @@ class CandidateConfig(StrictModel):
     group_size: int = Field(
         64,
         ge=1,
+        le=MAX_TOKENS,
         description="W4A16 group size: positive, and every quantized layer's input width must "
         "divide by it (checked against the model's config.json before the download)",
     )
@@ -148,6 +150,7 @@ class CandidateConfig(StrictModel):
     max_seq_length: int = Field(256, ge=16, le=MAX_TOKENS)
     extra_serving_args: list[str] = Field(
         default_factory=list,
+        max_length=2 * MAX_LIST,
         description="vLLM tuning flags for this candidate only, from the allow-list of "
         "llm_release.serving.serving_flags (docs/security.md)",
     )
@@ -232,7 +235,9 @@ class ServingConfig(StrictModel):
         f"min(max_model_len, {DEFAULT_REQUEST_TOKENS})",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    cpu_kvcache_space_gib: int = Field(1, ge=1, description="VLLM_CPU_KVCACHE_SPACE (GiB) on CPU")
+    cpu_kvcache_space_gib: int = Field(
+        1, ge=1, le=MAX_MEMORY_GIB, description="VLLM_CPU_KVCACHE_SPACE (GiB) on CPU"
+    )
     cpu_threads_bind: str = Field(
         "split",
         pattern=r"^(split|auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$",
@@ -260,6 +265,7 @@ class ServingConfig(StrictModel):
     )
     extra_args: list[str] = Field(
         default_factory=list,
+        max_length=2 * MAX_LIST,
         description="vLLM tuning flags beyond the fields here, from the allow-list of "
         "llm_release.serving.serving_flags (e.g. --max-num-batched-tokens 512); anything else is "
         "refused (docs/security.md)",
@@ -427,7 +433,7 @@ class TuneConfig(StrictModel):
         description="--max-num-batched-tokens values to try; null: vLLM's default",
     )
     enable_prefix_caching: list[bool] = Field(
-        default_factory=lambda: [True], description="prefix caching on and/or off"
+        default_factory=lambda: [True], max_length=2, description="prefix caching on and/or off"
     )
     speculation: list[Speculation | None] = Field(
         default_factory=lambda: [None],
@@ -436,8 +442,9 @@ class TuneConfig(StrictModel):
         '{"method": "ngram", "num_speculative_tokens": 3}; one is taken only if its greedy '
         "answers match those without it and its goodput is higher",
     )
-    gpu_memory_utilization: list[float] = Field(
+    gpu_memory_utilization: list[Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=list,
+        max_length=MAX_LIST,
         description="GPU only (ignored on CPU); empty: serving.gpu_memory_utilization",
     )
     concurrencies: list[Annotated[int, Field(ge=1, le=MAX_CONCURRENCY)]] | None = Field(
@@ -451,6 +458,7 @@ class TuneConfig(StrictModel):
     itl_p95_slo_ms: float | None = Field(
         None,
         gt=0,
+        le=MAX_WAIT_S * 1000,
         description="ITL p95 ceiling in ms; null: gates.itl_p95_slo_ms (TTFT and errors come "
         "from gates)",
     )
@@ -613,6 +621,7 @@ class Gates(StrictModel):
     itl_p95_slo_ms: float = Field(
         250,
         gt=0,
+        le=MAX_WAIT_S * 1000,
         description="ITL p95 of the SLO goodput is measured against (the highest load level "
         "within TTFT p95, ITL p95 and the error ceiling ranks the candidates); not a gate",
     )
@@ -647,18 +656,22 @@ class AnalysisConfig(StrictModel):
     latency_max_ratio: float = Field(
         1.25,
         ge=1,
+        le=1000,
         description="TTFT p95 and ITL p95: the canary may be this many times the stable's",
     )
     latency_slack_s: float = Field(
         0.05,
         ge=0,
+        le=MAX_WAIT_S,
         description="latency differences below this are passed whatever the ratio (at tens of "
         "ms, histogram buckets make ratios noise)",
     )
     ttft_p95_ceiling_s: float | None = Field(
-        None, gt=0, description="None: the release's TTFT SLO (gates.ttft_p95_slo_s)"
+        None, gt=0, le=MAX_WAIT_S, description="None: the release's TTFT SLO (gates.ttft_p95_slo_s)"
     )
-    itl_p95_ceiling_s: float | None = Field(None, gt=0, description="None: no ceiling")
+    itl_p95_ceiling_s: float | None = Field(
+        None, gt=0, le=MAX_WAIT_S, description="None: no ceiling"
+    )
     error_share_tolerance: float = Field(
         0.01, ge=0, le=1, description="the canary's error share may exceed the stable's by this"
     )
@@ -670,9 +683,14 @@ class AnalysisConfig(StrictModel):
         "gates.max_error_rate, so the canary is held to the ceiling its measurement passed",
     )
     queue_tolerance: float = Field(
-        5, ge=0, description="requests waiting: the canary's max may exceed the stable's by this"
+        5,
+        ge=0,
+        le=MAX_CONCURRENCY,
+        description="requests waiting: the canary's max may exceed the stable's by this",
     )
-    queue_ceiling: float = Field(20, ge=0, description="requests waiting, max over the window")
+    queue_ceiling: float = Field(
+        20, ge=0, le=MAX_CONCURRENCY, description="requests waiting, max over the window"
+    )
     kv_cache_tolerance: float = Field(
         0.1, ge=0, le=1, description="KV-cache usage (0-1): canary max minus stable max"
     )
@@ -731,8 +749,9 @@ class RolloutConfig(StrictModel):
         description="progressive: analyse, widen and promote or roll back; hold: leave the "
         "canary at the first step for 'llm-release canary promote|rollback'",
     )
-    steps: list[int] = Field(
+    steps: list[Annotated[int, Field(ge=0, le=100)]] = Field(
         default_factory=lambda: [5, 25, 50, 100],
+        max_length=MAX_LIST,
         description="canary weights in percent, rising, ending at 100 (= promotion)",
     )
     windows_per_step: int = Field(

@@ -1,9 +1,12 @@
 import inspect
 import json
+import types
+import typing
 from pathlib import Path
 
+import annotated_types
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from flows.release import release
 from llm_release.config import (
@@ -182,6 +185,12 @@ def test_served_names_follow_one_rule_with_a_bound():
         ("review", {"timeout_s": 10**15}, "timeout_s"),
         ("rollout", {"approval_timeout_s": 10**15}, "approval_timeout_s"),
         ("tune", {"max_num_seqs": [10**9]}, "max_num_seqs"),
+        ("tune", {"gpu_memory_utilization": [0.5] * 1000}, "gpu_memory_utilization"),
+        ("serving", {"extra_args": ["--max-num-batched-tokens", "512"] * 500}, "extra_args"),
+        ("serving", {"cpu_kvcache_space_gib": 10**12}, "cpu_kvcache_space_gib"),
+        ("gates", {"itl_p95_slo_ms": 1e300}, "itl_p95_slo_ms"),
+        ("rollout", {"steps": [10**12, 100]}, "steps"),
+        ("rollout", {"analysis": {"queue_ceiling": 1e300}}, "queue_ceiling"),
         ("source", {"repo_id": "a/b", "revision": "r" * 100_000}, "revision"),
     ],
 )
@@ -191,6 +200,62 @@ def test_run_form_numbers_and_lists_have_upper_bounds(section, value, field):
     with pytest.raises(ValidationError) as caught:
         ReleaseConfig.model_validate(data)
     assert any(field in map(str, error["loc"]) for error in caught.value.errors())
+
+
+def _unwrapped(annotation: object) -> tuple[object, list]:
+    """The type under Annotated[...] and Optional[...], with the constraints found on the way."""
+    meta: list = []
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin is typing.Annotated:
+            annotation, *more = typing.get_args(annotation)
+            meta += more
+            continue
+        if origin in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(annotation) if a is not type(None)]
+            if len(args) == 1:
+                annotation = args[0]
+                continue
+        return annotation, meta
+
+
+def _bounded(meta: list, kinds: tuple[type, ...]) -> bool:
+    found = [*meta, *(inner for m in meta for inner in getattr(m, "metadata", []))]
+    return any(isinstance(m, kinds) for m in found)
+
+
+def _unbounded_fields(model: type[BaseModel], path: str, seen: set) -> list[str]:
+    missing = []
+    for name, field in model.model_fields.items():
+        annotation, meta = _unwrapped(field.annotation)
+        meta += field.metadata
+        where = f"{path}.{name}"
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation not in seen:
+                seen.add(annotation)
+                missing += _unbounded_fields(annotation, where, seen)
+        elif annotation in (int, float):
+            if not _bounded(meta, (annotated_types.Le, annotated_types.Lt)):
+                missing.append(where)
+        elif typing.get_origin(annotation) in (list, tuple, set, dict):
+            if not _bounded(meta, (annotated_types.MaxLen,)):
+                missing.append(f"{where}[]")
+            for item in typing.get_args(annotation):
+                item, item_meta = _unwrapped(item)
+                if isinstance(item, type) and issubclass(item, BaseModel):
+                    if item not in seen:
+                        seen.add(item)
+                        missing += _unbounded_fields(item, f"{where}[*]", seen)
+                elif item in (int, float) and not _bounded(
+                    item_meta, (annotated_types.Le, annotated_types.Lt)
+                ):
+                    missing.append(f"{where}[*]")
+    return missing
+
+
+def test_every_number_and_list_of_the_run_form_has_an_upper_bound():
+    """docs/security.md says so of the run form: a field added without one fails here."""
+    assert _unbounded_fields(ReleaseConfig, "", set()) == []
 
 
 def test_three_thousand_candidates_are_refused():
