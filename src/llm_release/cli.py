@@ -301,13 +301,13 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_sets(args: argparse.Namespace) -> int:
-    from llm_release.evaluation import evalsets, metrics
+    from llm_release.evaluation import authoring, evalsets, metrics, set_checks
 
     root = Path(args.root) if args.root else None
     if args.action == "new":
         if not args.name:
             raise SystemExit("usage: llm-release eval-sets new NAME --min-score FLOOR [--critical]")
-        evalsets.check_new_name(args.name)  # a bad name is refused before the floor is asked
+        authoring.check_new_name(args.name)  # a bad name is refused before the floor is asked
         floor = args.min_score
         if floor is None:
             if not sys.stdin.isatty():
@@ -323,18 +323,18 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
                 floor = float(answer)
             except ValueError:
                 raise SystemExit(f"error: floor {answer!r} is not a number from 0 to 1") from None
-        target = evalsets.scaffold(args.name, root, min_score=floor, critical=args.critical)
+        target = authoring.scaffold(args.name, root, min_score=floor, critical=args.critical)
         print(
             f"created {target}: edit task.yaml, data.jsonl and README.md, then run "
             f"'llm-release eval-sets validate {args.name}'"
         )
     elif args.action == "validate":
         names = [args.name] if args.name else evalsets.available(root)
-        calibration = evalsets.calibration_texts()
+        calibration = set_checks.calibration_texts()
         failed = 0
         for name in names:
             try:
-                summary = evalsets.validate(name, root, calibration)
+                summary = set_checks.validate(name, root, calibration)
             except ReleaseError as exc:
                 failed += 1
                 print(f"FAIL {name}: {exc.one_line()}")
@@ -351,7 +351,7 @@ def cmd_eval_sets(args: argparse.Namespace) -> int:
                 )
         return 1 if failed else 0
     elif args.action == "list":
-        rows = evalsets.describe(root)
+        rows = authoring.describe(root)
         if args.json:
             print(json.dumps(rows, indent=2))
             return 0

@@ -12,8 +12,8 @@ from llm_release.canary import alertmanager, analysis, door, prometheus
 from llm_release.canary.promote import default_router_port, ensure_no_canary, router_for
 from llm_release.config import ReleaseConfig
 from llm_release.errors import AlertmanagerError, ConfigError, MetricsError, RouterError, ServeError
-from llm_release.evaluation.evalsets import validate_cached
 from llm_release.evaluation.evaluate import load_decoding
+from llm_release.evaluation.set_checks import validate_cached
 from llm_release.hub import local_source
 from llm_release.quantization.quantize import load_calibration_texts
 from llm_release.registry import Release, load

@@ -153,7 +153,7 @@ def answer_key_eval_set(root, server_port: int) -> list[str]:
     of the server on ``server_port`` to the item's prompt, as the quality probes send it;
     the answers, returned."""
     from llm_release.canary import quality
-    from llm_release.evaluation import evalsets
+    from llm_release.evaluation import authoring, evalsets
     from llm_release.evaluation.evaluate import load_decoding
 
     shipped = paths.eval_sets_dir()
@@ -161,7 +161,7 @@ def answer_key_eval_set(root, server_port: int) -> list[str]:
     for name in ("decoding.yaml", "defaults.yaml"):
         shutil.copy(shipped / name, root / name)
     shutil.copytree(shipped / "_template", root / "_template")
-    folder = evalsets.scaffold(ANSWER_KEY_SET, root, min_score=0.5, critical=True)
+    folder = authoring.scaffold(ANSWER_KEY_SET, root, min_score=0.5, critical=True)
     (folder / "task.yaml").write_text(ANSWER_KEY_TASK)
     items = [
         {"id": f"key-{i}", "question": q, "answer": "", "tags": ["greedy"]}

@@ -41,6 +41,7 @@ from llm_release.canary.router import ANSWERED_BY_HEADER, PIN_HEADER
 from llm_release.errors import EvalError
 from llm_release.evaluation import evalsets, metrics
 from llm_release.evaluation.evaluate import load_decoding
+from llm_release.evaluation.items import load_items, render
 from llm_release.evaluation.stats import paired_drop_ci
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def sample(
 def messages_for(eval_set: evalsets.EvalSet, item: dict) -> list[dict[str, str]]:
     """The chat messages the offline evaluation sends for ``item``: the set's description
     (if any) as the system message, its ``doc_to_text`` as the user's."""
-    text = evalsets.render(eval_set.task["doc_to_text"], item, eval_set, "doc_to_text")
+    text = render(eval_set.task["doc_to_text"], item, eval_set, "doc_to_text")
     messages = []
     if eval_set.task.get("description"):
         messages.append({"role": "system", "content": str(eval_set.task["description"])})
@@ -200,7 +201,7 @@ def build_probe_set(
         set_slices = slices_of(eval_set)
         tags = sorted({s.tag for s in set_slices if s.tag})
         chosen = sample(
-            evalsets.load_items(eval_set),
+            load_items(eval_set),
             items_per_set,
             tags=tags,
             min_per_tag=min_per_slice,

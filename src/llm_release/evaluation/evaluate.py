@@ -20,13 +20,13 @@ from llm_release.errors import EvalError, one_line
 from llm_release.evaluation import metrics
 from llm_release.evaluation.evalsets import (
     EvalSet,
-    check_nesting,
     check_templates,
     defaults,
     fingerprint,
     load_eval_set,
-    load_items,
 )
+from llm_release.evaluation.items import load_items
+from llm_release.evaluation.set_files import check_nesting
 from llm_release.evaluation.stats import bootstrap_mean_ci
 from llm_release.fileio import atomic_write_text
 from llm_release.results import EvalResult, ItemResult, MetricScore

@@ -433,7 +433,7 @@ ANSWER_TOKENS = 48
 def answer_prompts() -> list[str]:
     """The prompts whose greedy answers a setting with speculation must keep: the first
     calibration texts (the domain's own), each asked to be continued."""
-    from llm_release.evaluation.evalsets import calibration_texts
+    from llm_release.evaluation.set_checks import calibration_texts
 
     texts = calibration_texts()[:ANSWER_PROMPTS]
     return [f"Continue this text:\n\n{text[:ANSWER_PROMPT_CHARS]}" for text in texts]

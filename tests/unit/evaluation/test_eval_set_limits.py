@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from llm_release import paths
-from llm_release.evaluation import evalsets
-from llm_release.evaluation.evalsets import EvalSetError, validate_cached
+from llm_release.evaluation import evalsets, set_checks
+from llm_release.evaluation.set_checks import validate_cached
+from llm_release.evaluation.set_files import EvalSetError
 
 
 @pytest.fixture()
@@ -88,8 +89,8 @@ def test_includes_are_bounded_in_depth(root):
 
 def test_a_passing_set_is_not_checked_again_until_a_file_changes(root, monkeypatch):
     calls = []
-    real = evalsets.validate
-    monkeypatch.setattr(evalsets, "validate", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = set_checks.validate
+    monkeypatch.setattr(set_checks, "validate", lambda *a, **k: calls.append(a) or real(*a, **k))
     first = validate_cached("kb2", root)
     assert validate_cached("kb2", root) == first and len(calls) == 1
     # An item edited in place, same size and mtime: checked again, and the break found.
@@ -109,8 +110,8 @@ def test_a_passing_set_is_not_checked_again_until_a_file_changes(root, monkeypat
 
 def test_defaults_and_calibration_are_part_of_the_check(root, tmp_path, monkeypatch):
     calls = []
-    real = evalsets.validate
-    monkeypatch.setattr(evalsets, "validate", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = set_checks.validate
+    monkeypatch.setattr(set_checks, "validate", lambda *a, **k: calls.append(a) or real(*a, **k))
     validate_cached("kb2", root)
     defaults = root / "defaults.yaml"
     defaults.write_text(defaults.read_text() + "\n# edited\n")
@@ -121,7 +122,7 @@ def test_defaults_and_calibration_are_part_of_the_check(root, tmp_path, monkeypa
     (project / "calibration").mkdir(parents=True)
     item = (root / "kb2" / "data.jsonl").read_text().splitlines()[0]
     longest = max((v for v in json.loads(item).values() if isinstance(v, str)), key=len)
-    assert len(longest) >= evalsets.LEAK_MIN_CHARS
+    assert len(longest) >= set_checks.LEAK_MIN_CHARS
     (project / "calibration" / "c.jsonl").write_text(json.dumps({"text": longest}) + "\n")
     monkeypatch.setattr(paths, "calibration_dir", lambda: project / "calibration")
     with pytest.raises(EvalSetError, match="also in the calibration set"):

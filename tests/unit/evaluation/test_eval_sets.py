@@ -11,16 +11,12 @@ import yaml
 from llm_release import paths
 from llm_release.cli import main as cli
 from llm_release.errors import EvalError, ReleaseError
-from llm_release.evaluation.evalsets import (
-    EvalSetError,
-    available,
-    describe,
-    load_eval_set,
-    load_items,
-    scaffold,
-    validate,
-)
+from llm_release.evaluation.authoring import describe, scaffold
+from llm_release.evaluation.evalsets import available, load_eval_set
 from llm_release.evaluation.evaluate import load_decoding, task_config
+from llm_release.evaluation.items import load_items
+from llm_release.evaluation.set_checks import validate
+from llm_release.evaluation.set_files import EvalSetError
 
 
 @pytest.mark.parametrize("name", available())
@@ -454,13 +450,13 @@ def test_one_deeply_nested_item_is_one_line_naming_its_set(root):
 
 
 def test_an_oversized_item_or_data_file_is_refused(root, monkeypatch):
-    from llm_release.evaluation import evalsets
+    from llm_release.evaluation import items
 
     data = root / "kb2" / "data.jsonl"
-    data.write_text('{"id": "big", "answer": "' + "x" * (evalsets.MAX_ITEM_CHARS + 1) + '"}\n')
+    data.write_text('{"id": "big", "answer": "' + "x" * (items.MAX_ITEM_CHARS + 1) + '"}\n')
     with pytest.raises(EvalSetError, match="data.jsonl:1: an item of"):
         load_items(load_eval_set("kb2", root))
-    monkeypatch.setattr(evalsets, "MAX_DATA_BYTES", 100)
+    monkeypatch.setattr(items, "MAX_DATA_BYTES", 100)
     data.write_text('{"id": "a", "answer": "' + "x" * 200 + '"}\n')
     with pytest.raises(EvalSetError, match="bytes; at most 100 allowed"):
         load_items(load_eval_set("kb2", root))
