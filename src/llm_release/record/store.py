@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -120,13 +121,31 @@ def alembic_config(connection=None):
 def _private_file(path: Path) -> None:
     """Make the SQLite file ``path`` (mode 0600, whatever the umask) before SQLite does: the
     record holds the registry, judgements and measurements, and SQLite gives its WAL and
-    shared-memory files the database file's mode. An existing file is left as it is."""
+    shared-memory files the database file's mode. An existing file of this user's that its
+    group or others may open (made by an older version, or by hand) is made 0600 with its
+    WAL and shared-memory files, and the log says so; another user's is left as it is."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
+        _tighten(path)
         return
     os.close(fd)
+
+
+def _tighten(path: Path) -> None:
+    for each in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            info = each.lstat()
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o077:
+            os.chmod(each, 0o600)
+            log.warning(
+                "%s was mode %04o (its group or others could read the record): made 0600",
+                each,
+                stat.S_IMODE(info.st_mode),
+            )
 
 
 def create(url: str) -> Engine:

@@ -57,6 +57,33 @@ def test_a_record_of_a_newer_version_is_refused_in_one_line_and_down_still_runs(
     store._engines.clear()
 
 
+def test_a_record_its_group_or_others_could_read_is_made_private_and_logged(
+    tmp_path, monkeypatch, caplog
+):
+    """A record.db made world-readable (an older version, a copy by hand) is made 0600 with
+    its WAL at the next open, and the log says so (issue 36, low)."""
+    import os
+    import stat
+
+    from llm_release import registry
+
+    monkeypatch.setenv("LLM_RELEASE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LLM_RELEASE_DATABASE_URL", raising=False)
+    registry.save(registry.RegistryState(router_port=18080))
+    db = tmp_path / "home" / "record.db"
+    wal = tmp_path / "home" / "record.db-wal"
+    wal.write_bytes(b"")
+    os.chmod(db, 0o644)
+    os.chmod(wal, 0o666)
+    monkeypatch.setattr(store, "_engines", {})  # the next process, which opens it anew
+    with caplog.at_level("WARNING"):
+        assert registry.load().router_port == 18080
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    assert not wal.exists() or stat.S_IMODE(wal.stat().st_mode) == 0o600  # gone at close
+    assert "record.db was mode 0644" in caplog.text
+    assert "record.db-wal was mode 0666" in caplog.text and "made 0600" in caplog.text
+
+
 def test_the_sqlite_record_and_its_wal_are_private_whatever_the_umask(tmp_path, monkeypatch):
     """record.db holds the registry, judgements and measurements: 0600, as are the WAL and
     shared-memory files SQLite makes beside it (they take the database file's mode)."""
