@@ -601,6 +601,26 @@ class LoadProfile(StrictModel):
         "far (its prompts and answers) before its own prompt_tokens, as a chat client does; "
         "every turn is one of requests_per_level",
     )
+    prompts_from: str | None = Field(
+        None,
+        max_length=64,
+        pattern=r"^[a-z0-9][a-z0-9_-]*$",
+        description="None: synthetic prompts of prompt_tokens (shaped by shared_prefix and "
+        "turns); else the name of an eval set whose items' prompts the load test sends, as "
+        "the evaluation and the canary's probes send them (the set's description as the "
+        "system message, doc_to_text as the user's), cycled in the set's order: the data "
+        "scientists' own traffic, with whatever passages its prompts share. prompt_tokens "
+        "is then the items' own",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind_of_prompt(self) -> LoadProfile:
+        if self.prompts_from is not None and (self.shared_prefix is not None or self.turns > 1):
+            raise ValueError(
+                "prompts_from sends an eval set's own prompts: it takes neither shared_prefix "
+                "nor turns (those shape synthetic prompts); drop one"
+            )
+        return self
 
     @field_validator("concurrencies")
     @classmethod

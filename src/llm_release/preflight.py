@@ -34,6 +34,8 @@ def check(config: ReleaseConfig) -> tuple[Release | None, str]:
     load_decoding()
     for name in config.evaluation.eval_sets:
         validate_cached(name)  # checked again only when a file it read changed
+    if config.load.prompts_from is not None:  # the load test's prompts: a set that loads
+        validate_cached(config.load.prompts_from)
     for candidate in config.candidates:
         if candidate.scheme == "W4A16_AWQ":
             texts = load_calibration_texts(candidate.calibration_set)

@@ -155,6 +155,7 @@ def answer_key_eval_set(root, server_port: int) -> list[str]:
     from llm_release.canary import quality
     from llm_release.evaluation import authoring, evalsets
     from llm_release.evaluation.evaluate import load_decoding
+    from llm_release.evaluation.items import chat_messages
 
     shipped = paths.eval_sets_dir()
     root.mkdir(parents=True)
@@ -178,7 +179,7 @@ def answer_key_eval_set(root, server_port: int) -> list[str]:
             eval_set=ANSWER_KEY_SET,
             id=item["id"],
             tags=item["tags"],
-            messages=quality.messages_for(eval_set, item),
+            messages=chat_messages(eval_set, item),
             doc=item,
         )
         body = quality.request_json(

@@ -1,11 +1,12 @@
 """GuideLLM against a real vLLM endpoint: a single-level sweep, a level cut by its time
-limit, which is reported as such and not run again, and traffic sharing a system prompt,
-whose prefix-cache hit rate vLLM's counters give."""
+limit, which is reported as such and not run again, traffic sharing a system prompt,
+whose prefix-cache hit rate vLLM's counters give, and an eval set's own prompts."""
 
 import pytest
 
 from llm_release.config import LoadProfile, ServingConfig, SharedPrefix
-from llm_release.load.loadtest import run_load_test
+from llm_release.evaluation.items import traffic
+from llm_release.load.loadtest import read_report, run_load_test
 from llm_release.serving.serve import VllmServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -60,6 +61,29 @@ def test_load_levels_are_measured_and_time_limits_reported(tmp_path, tiny_model_
             tmp_path / "chats",
         )
 
+        # The data scientists' own traffic: the manufacturing set's prompts (about 100
+        # tokens each), not 16-token synthetic ones.
+        items = run_load_test(
+            server.base_url,
+            "tiny",
+            tiny_model_dir,
+            LoadProfile(
+                concurrencies=[2],
+                requests_per_level=6,
+                prompt_tokens=16,
+                output_tokens=4,
+                prompts_from="manufacturing_kb",
+            ),
+            tmp_path / "items",
+            prompts=traffic("manufacturing_kb"),
+        )
+
+    (level,) = items.levels
+    assert (level.requests, level.errors) == (6, 0), level
+    assert level.prefix_cache_hit_rate is not None
+    (bench,) = read_report(tmp_path / "items" / "guidellm.json").benchmarks
+    sent = bench.metrics.prompt_token_count.successful.mean
+    assert 60 < sent < 400, sent  # the items' prompts in the chat template, not 16 tokens
     (level,) = shared.levels
     assert level.requests == 6 and level.prefix_cache_hit_rate is not None
     assert level.prefix_cache_hit_rate > 0.5, level

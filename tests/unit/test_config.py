@@ -274,3 +274,16 @@ def test_large_but_real_settings_still_pass():
             "review": {"timeout_s": 3 * 86_400},
         }
     )
+
+
+def test_prompts_from_names_an_eval_set_and_shapes_no_synthetic_prompt():
+    from llm_release.config import LoadProfile, SharedPrefix
+
+    assert LoadProfile(prompts_from="manufacturing_kb").prompts_from == "manufacturing_kb"
+    for bad in ("../etc", "Bad", "a" * 65, "-x"):
+        with pytest.raises(ValidationError, match="prompts_from"):
+            LoadProfile(prompts_from=bad)
+    with pytest.raises(ValidationError, match="neither shared_prefix nor turns"):
+        LoadProfile(prompts_from="kb", shared_prefix=SharedPrefix(tokens=64))
+    with pytest.raises(ValidationError, match="neither shared_prefix nor turns"):
+        LoadProfile(prompts_from="kb", turns=2)

@@ -41,7 +41,7 @@ from llm_release.canary.router import ANSWERED_BY_HEADER, PIN_HEADER
 from llm_release.errors import EvalError
 from llm_release.evaluation import evalsets, metrics
 from llm_release.evaluation.evaluate import load_decoding
-from llm_release.evaluation.items import load_items, render
+from llm_release.evaluation.items import chat_messages, load_items
 from llm_release.evaluation.stats import paired_drop_ci
 
 log = logging.getLogger(__name__)
@@ -150,16 +150,6 @@ def sample(
     return chosen
 
 
-def messages_for(eval_set: evalsets.EvalSet, item: dict) -> list[dict[str, str]]:
-    """The chat messages the offline evaluation sends for ``item``: the set's description
-    (if any) as the system message, its ``doc_to_text`` as the user's."""
-    text = render(eval_set.task["doc_to_text"], item, eval_set, "doc_to_text")
-    messages = []
-    if eval_set.task.get("description"):
-        messages.append({"role": "system", "content": str(eval_set.task["description"])})
-    return messages + [{"role": "user", "content": text}]
-
-
 def slices_of(eval_set: evalsets.EvalSet) -> list[Slice]:
     gates = eval_set.gates
     common = {"eval_set": eval_set.name, "confidence": gates.confidence}
@@ -214,7 +204,7 @@ def build_probe_set(
                     eval_set=name,
                     id=str(item["id"]),
                     tags=list(item.get("tags") or []),
-                    messages=messages_for(eval_set, item),
+                    messages=chat_messages(eval_set, item),
                     doc=doc,
                 )
             )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from llm_release.config import EvalConfig, LoadProfile, ServingConfig
 from llm_release.evaluation.evaluate import run_evaluation
+from llm_release.evaluation.items import traffic as eval_set_traffic
 from llm_release.fileio import atomic_write_text
 from llm_release.hardware import detect
 from llm_release.load.loadtest import run_load_test
@@ -102,6 +103,7 @@ def measure(
                     cpus=placement.client_cpus(
                         server.gpus, gpus.host_gpus(), sorted(os.sched_getaffinity(0))
                     ),
+                    prompts=eval_set_traffic(load.prompts_from) if load.prompts_from else None,
                 )
                 seconds["loadtest"] = time.monotonic() - mark
             log.info("%s: load-tested in %.0fs", name, seconds["loadtest"])

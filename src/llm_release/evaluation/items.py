@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import jinja2
 
 from llm_release.evaluation import templates
-from llm_release.evaluation.evalsets import EvalSet
+from llm_release.evaluation.evalsets import EvalSet, load_eval_set
 from llm_release.evaluation.set_files import MAX_NESTING, EvalSetError, read_text
 
 # data.jsonl bounds: a business set is thousands of items of a few KB; one item is a prompt's
@@ -109,3 +110,21 @@ def render(template: str, item: dict, eval_set: EvalSet, template_field: str) ->
             template_field,
             f"broken template: {exc}",
         ) from None
+
+
+def chat_messages(eval_set: EvalSet, item: dict) -> list[dict[str, str]]:
+    """The chat messages the evaluation sends for ``item``: the set's description (if any)
+    as the system message, its ``doc_to_text`` as the user's. The canary's quality probes
+    and a load test's ``prompts_from`` send the same."""
+    text = render(eval_set.task["doc_to_text"], item, eval_set, "doc_to_text")
+    messages = []
+    if eval_set.task.get("description"):
+        messages.append({"role": "system", "content": str(eval_set.task["description"])})
+    return messages + [{"role": "user", "content": text}]
+
+
+def traffic(name: str, root: Path | None = None) -> list[list[dict[str, str]]]:
+    """Every item of eval set ``name`` as the chat messages the evaluation sends, in the
+    set's order: a load test's ``prompts_from``."""
+    eval_set = load_eval_set(name, root)
+    return [chat_messages(eval_set, item) for item in load_items(eval_set)]

@@ -96,12 +96,43 @@ def slo_metrics(slo: Slo | None) -> list[str]:
     return ["--metrics", json.dumps({"kind": "generative", "slo": objectives})]
 
 
-def data_arg(profile: LoadProfile) -> str:
-    """GuideLLM's ``--data``: synthetic text of the profile's lengths; with a shared prefix,
+# A chat request as OpenAI's API takes it: [{"role": ..., "content": ...}, ...]
+Messages = list[dict[str, str]]
+
+
+def write_prompts(prompts: list[Messages], profile: LoadProfile, path: Path) -> Path:
+    """GuideLLM's data file for ``prompts`` (a load profile's ``prompts_from``): one row a
+    request of the sweep, the prompts cycled in order, each with its system message as
+    GuideLLM's ``system_prompt`` column (its chat requests send it as the system message,
+    guidellm/backends/openai/request_handlers.py), its user text as ``prompt`` and the
+    profile's output length as ``output_tokens_count``."""
+    if not prompts:
+        raise LoadTestError(
+            f"the load profile's prompts_from {profile.prompts_from!r} gave no prompts",
+            hint="name an eval set with items (llm-release eval-sets list)",
+        )
+    rows = max(len(prompts), profile.requests_per_level * len(profile.concurrencies))
+    with path.open("w") as out:
+        for index in range(rows):
+            messages = prompts[index % len(prompts)]
+            system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+            row = {
+                "prompt": "\n\n".join(m["content"] for m in messages if m["role"] == "user"),
+                "output_tokens_count": profile.output_tokens,
+            }
+            out.write(json.dumps(row | ({"system_prompt": system} if system else {})) + "\n")
+    return path
+
+
+def data_arg(profile: LoadProfile, prompts_file: Path | None = None) -> str:
+    """GuideLLM's ``--data``: with ``prompts_file`` (``write_prompts``), that file; else
+    synthetic text of the profile's lengths; with a shared prefix,
     its ``prefix_buckets`` (guidellm/schemas/data/deserializers/synthetic.py): ``share`` of
     the requests start with one of ``distinct`` prefixes of ``tokens`` tokens, the rest
     with none; with ``turns`` above 1, conversations of that many user turns (its
     ``turns``: each later request resends the conversation's history)."""
+    if prompts_file is not None:
+        return json.dumps({"kind": "json_file", "path": str(prompts_file)})
     prefix = profile.shared_prefix
     if prefix is None and profile.turns == 1:
         return (
@@ -140,6 +171,7 @@ def build_command(
     *,
     slo: Slo | None = None,
     scenario: Path | None = None,
+    prompts_file: Path | None = None,
 ) -> list[str]:
     """GuideLLM's command line. ``scenario``: a JSON file GuideLLM merges under the
     options (``secret_scenario``: the server's key, which never goes into argv)."""
@@ -155,7 +187,7 @@ def build_command(
         "--tokenizer",
         f"kind=hf_auto,model={tokenizer_dir}",
         "--data",
-        data_arg(profile),
+        data_arg(profile, prompts_file),
         "--profile",
         f"kind=concurrent,streams={profile.concurrencies[0]}",
         "--override",
@@ -306,6 +338,7 @@ def _run_guidellm(
     slo: Slo | None = None,
     cpus: list[int] | None = None,
     cache: CacheSampler | None = None,
+    prompts_file: Path | None = None,
 ) -> list[LoadLevel]:
     env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
     budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
@@ -320,6 +353,7 @@ def _run_guidellm(
                 request_body,
                 slo=slo,
                 scenario=scenario,
+                prompts_file=prompts_file,
             ),
             cpus,
         )
@@ -375,13 +409,19 @@ def run_load_test(
     *,
     slo: Slo | None = None,
     cpus: list[int] | None = None,
+    prompts: list[Messages] | None = None,
 ) -> LoadResult:
     """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
     times in all, and the fullest measurement of each level is kept. ``request_body``:
     fields every request carries (``reasoning.request_body``: the thinking switch). With
     ``slo``, GuideLLM also reports each level's SLO attainment and request goodput.
-    ``cpus``: the CPUs GuideLLM runs on (``placement.client_cpus``; None: anywhere)."""
+    ``cpus``: the CPUs GuideLLM runs on (``placement.client_cpus``; None: anywhere).
+    ``prompts``: the chat messages of the profile's ``prompts_from`` (the caller reads the
+    eval set: load and evaluation are independent rooms); required with it."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    prompts_file = None
+    if profile.prompts_from is not None:
+        prompts_file = write_prompts(prompts or [], profile, out_dir / "prompts.jsonl")
     measured: dict[int, LoadLevel] = {}
     pending = list(profile.concurrencies)
     attempt = 0
@@ -402,6 +442,7 @@ def run_load_test(
                 slo=slo,
                 cpus=cpus,
                 cache=cache,
+                prompts_file=prompts_file,
             ):
                 kept = measured.get(level.concurrency)
                 if kept is None or level.requests > kept.requests:

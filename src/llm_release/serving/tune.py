@@ -47,10 +47,11 @@ from pathlib import Path
 from pydantic import Field
 
 from llm_release.config import Gates, LoadProfile, ServingConfig, Speculation, TuneConfig
+from llm_release.evaluation.items import traffic as eval_set_traffic
 from llm_release.fileio import atomic_write_text
 from llm_release.hardware import Hardware
 from llm_release.hub import hub_headers
-from llm_release.load.loadtest import goodput, level_verdict, run_load_test, slo_for
+from llm_release.load.loadtest import Messages, goodput, level_verdict, run_load_test, slo_for
 from llm_release.results import LoadLevel, Pruned, Record, Setting, Slo, Trial, TuneResult
 from llm_release.serving import capacity, reasoning
 from llm_release.serving.factory import make_server
@@ -388,10 +389,12 @@ def vllm_session(
     *,
     prompts: list[str] | None = None,
     answers: dict[Setting, list[str]] | None = None,
+    traffic: list[Messages] | None = None,
 ) -> Session:
     """One vLLM server per setting, kept up while GuideLLM measures its levels one by one
     (one GuideLLM run per level, so the sweep can stop at the first failing level). With
-    ``prompts``, each server first answers them greedily, one at a time, into ``answers``."""
+    ``prompts``, each server first answers them greedily, one at a time, into ``answers``.
+    ``traffic``: the chat messages of the profile's ``prompts_from``."""
     request_body = reasoning.request_body(model_dir, serving.thinking)
 
     @contextmanager
@@ -416,6 +419,7 @@ def vllm_session(
                     one,
                     folder / f"c{concurrency}",
                     request_body=request_body,
+                    prompts=traffic,
                 )
                 return result.levels[0]
 
@@ -531,6 +535,7 @@ def tune_candidate(
             out_dir,
             prompts=prompts,
             answers=answers,
+            traffic=eval_set_traffic(load.prompts_from) if load.prompts_from else None,
         ),
         planner_fits(model_dir, serving, host),
         step_tokens=load.prompt_tokens + load.output_tokens,

@@ -206,3 +206,55 @@ def test_a_pinned_client_runs_on_its_cpus_only():
     assert out.stdout.strip() == str(allowed[:1])
     free = subprocess.run(probe, capture_output=True, text=True, check=True)
     assert free.stdout.strip() == str(allowed)
+
+
+SYSTEM = {"role": "system", "content": "Answer from the passage."}
+
+
+def chat(text: str, system: bool = True) -> list[dict[str, str]]:
+    return ([SYSTEM] if system else []) + [{"role": "user", "content": text}]
+
+
+def test_an_eval_sets_prompts_become_guidellms_data_file_cycled_over_the_sweep(tmp_path):
+    profile = LoadProfile(
+        concurrencies=[1, 2], requests_per_level=3, output_tokens=7, prompts_from="kb"
+    )
+    path = loadtest.write_prompts(
+        [chat("q1"), chat("q2", system=False)], profile, tmp_path / "p.jsonl"
+    )
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(rows) == 6  # a row for each request of the sweep
+    assert [r["prompt"] for r in rows] == ["q1", "q2"] * 3
+    assert rows[0]["system_prompt"] == "Answer from the passage." and "system_prompt" not in rows[1]
+    assert {r["output_tokens_count"] for r in rows} == {7}
+    data = json.loads(loadtest.data_arg(profile, path))
+    assert data == {"kind": "json_file", "path": str(path)}
+    command = loadtest.build_command(
+        "http://x", "m", tmp_path, profile, tmp_path / "r.json", prompts_file=path
+    )
+    assert command[command.index("--data") + 1] == json.dumps(data)
+
+
+def test_prompts_from_a_set_that_gave_none_is_one_line_before_guidellm(monkeypatch, tmp_path):
+    asked = fake_guidellm(monkeypatch, [[level(1, 4)]])
+    profile = LoadProfile(concurrencies=[1], requests_per_level=4, prompts_from="kb")
+    with pytest.raises(LoadTestError, match="prompts_from 'kb' gave no prompts"):
+        loadtest.run_load_test("http://x", "m", tmp_path, profile, tmp_path / "load")
+    assert asked == []
+
+
+def test_the_sweep_is_handed_the_prompts_file(monkeypatch, tmp_path):
+    seen = []
+
+    def run(base_url, served_name, tokenizer_dir, profile, *args, prompts_file=None, **kwargs):
+        seen.append(prompts_file)
+        return [level(c, 4) for c in profile.concurrencies]
+
+    monkeypatch.setattr(loadtest, "_run_guidellm", run)
+    profile = LoadProfile(concurrencies=[1], requests_per_level=4, prompts_from="kb")
+    loadtest.run_load_test(
+        "http://x", "m", tmp_path, profile, tmp_path / "load", prompts=[chat("q")]
+    )
+    assert seen == [tmp_path / "load" / "prompts.jsonl"] and seen[0].exists()
+    loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "synthetic")
+    assert seen[1] is None
