@@ -94,18 +94,23 @@ def is_alive(pid: int) -> bool:
         return False
 
 
-def is_same(pid: int, started: float | None, *, cmdline_has: str | None = None) -> bool:
+def is_same(
+    pid: int, started: float | None, *, cmdline_has: str | tuple[str, ...] | None = None
+) -> bool:
     """``pid`` is alive and is the process recorded: same start time, and — where
-    ``cmdline_has`` is given — a command line containing it (a record without a start time
-    is judged by the command line alone). Both, where both are known: a record that names
-    another live process of the same home by its pid and start time (both readable in
-    /proc) is not that process's, unless the process's command line names it too."""
+    ``cmdline_has`` is given — one argument of its command line equal to it (or to one of
+    them; a record without a start time is judged by the command line alone). Both, where
+    both are known: a record that names another live process of the same home by its pid
+    and start time (both readable in /proc) is not that process's, unless the process's
+    command line names it too. Equal, not contained: a forged release id that begins
+    another's (``x-1`` of ``x-10``) names nothing of it."""
     if pid <= 0 or not is_alive(pid):
         return False
     if started is not None and not same_start(pid, started):
         return False
     if cmdline_has:
-        return any(cmdline_has in part for part in _cmdline(pid))
+        wanted = {cmdline_has} if isinstance(cmdline_has, str) else set(cmdline_has)
+        return any(part in wanted for part in _cmdline(pid))
     return started is not None
 
 

@@ -62,3 +62,19 @@ def test_only_a_process_with_the_homes_mark_is_ours(sleeper, home, tmp_path):
     assert not processes.is_ours(stranger.pid, home)
     assert not processes.is_ours(other_home.pid, home)
     assert not processes.is_ours(999_999_999, home)
+
+
+def test_a_command_line_names_a_release_by_an_equal_argument_not_a_part_of_one(home):
+    """A forged record whose release id begins another's (``…-2026113000000`` of
+    ``…-20261130000000``) names none of that release's processes (issue 36, medium 3)."""
+    victim = "stable-0123abcd-20261130000000"
+    proc = subprocess.Popen([*SLEEP, "--served-model-name", "svc", victim])
+    try:
+        started = processes.start_time(proc.pid)
+        assert processes.is_same(proc.pid, started, cmdline_has=victim)
+        assert processes.is_same(proc.pid, started, cmdline_has=("nope", victim))
+        assert not processes.is_same(proc.pid, started, cmdline_has=victim[:-1])
+        assert not processes.is_same(proc.pid, started, cmdline_has="0123abcd")
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -32,8 +32,11 @@ def _recorded_alive(release: Release) -> bool:
     """Same pid and start time (older records: a command line naming the release), and a
     process this home's project started (``processes.is_ours``): a reused pid, or one a
     record names that belongs to somebody else, is never ours."""
+    log_path = _supervisor_log(release)
+    # vLLM's --served-model-name names the release; a supervisor's argument is its spec file
+    names = (release.release_id, *([str(supervise.spec_path(log_path))] if log_path else []))
     return processes.is_same(
-        release.pid, release.pid_started, cmdline_has=release.release_id
+        release.pid, release.pid_started, cmdline_has=names
     ) and processes.is_ours(release.pid, paths.home())
 
 
