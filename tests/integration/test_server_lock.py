@@ -4,6 +4,7 @@ medium 5): /health for the health checks, nothing else without the key, /invocat
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import psutil
@@ -19,7 +20,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 COMPLETION = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
 
 
-def test_a_real_vllm_answers_the_projects_key_alone(home, tiny_model_dir, tmp_path):
+@pytest.fixture()
+def open_umask():
+    """The most open umask a caller can have: what the servers make must still be theirs."""
+    previous = os.umask(0o000)
+    yield
+    os.umask(previous)
+
+
+def test_a_real_vllm_answers_the_projects_key_alone(home, tiny_model_dir, tmp_path, open_umask):
     serving = ServingConfig(enforce_eager=True, max_model_len=256, max_num_seqs=2)
     key = server_key.key()
     key_file = server_key.key_path()
@@ -53,3 +62,16 @@ def test_a_real_vllm_answers_the_projects_key_alone(home, tiny_model_dir, tmp_pa
         environ = Path(f"/proc/{server.process.pid}/environ")
         assert environ.stat().st_mode & 0o077 == 0
         assert f"{server_key.KEY_ENV}={key}".encode() in environ.read_bytes().split(b"\0")
+        # vLLM's own sockets (the API server and its engine core talk over ZMQ sockets in
+        # /tmp): a unix socket takes the process's umask, and connecting needs write
+        # permission on it, so they are its owner's alone whatever the caller's umask.
+        inodes = {
+            conn.laddr
+            for proc in tree
+            for conn in proc.net_connections(kind="unix")
+            if conn.laddr and conn.status == psutil.CONN_NONE
+        }
+        sockets = [Path(path) for path in inodes if path.startswith("/")]
+        assert sockets, "vLLM listened on no unix socket: the check saw nothing"
+        modes = {str(p): oct(p.stat().st_mode & 0o777) for p in sockets if p.exists()}
+        assert modes and all(mode == "0o700" for mode in modes.values()), modes

@@ -724,6 +724,7 @@ class VllmServer(Server):
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
+                umask=0o077,  # vLLM's ZMQ sockets in /tmp: its owner's alone
                 start_new_session=True,
             )
         self.started = True

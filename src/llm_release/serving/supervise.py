@@ -343,6 +343,7 @@ class ProcessTree:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.spec.env,
+                umask=0o077,  # vLLM's ZMQ sockets in /tmp: its owner's alone
                 start_new_session=True,  # its own process group: reaped as a whole
             )
         self.report(
