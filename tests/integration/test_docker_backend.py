@@ -386,6 +386,80 @@ def test_a_hung_serving_container_is_killed_and_restarted_by_its_policy(cpu_imag
     assert "answered no /health for 3 s: hung; killing it" in out, out
 
 
+# A server that answers /health for as long as it runs.
+HEALTHY = """
+import http.server
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), Health).serve_forever()
+"""
+
+
+def test_a_running_containers_lost_watch_is_started_again(cpu_image, home, tmp_path):
+    """The container's watch (hang watch, restart metrics) is a host process nothing else
+    restarts: killed while the container runs, 'up' starts it again on the recorded port
+    (issue 36, item 11), and leaves one that runs alone."""
+    import psutil
+
+    from llm_release import paths
+    from llm_release.registry import Release
+    from llm_release.serving.backends import ensure_watched
+    from llm_release.serving.backends.docker import _metrics_processes
+
+    port, watch_port = free_port(), free_port()
+    container = dying_release(home, tmp_path, "watch-1", "stable", HEALTHY, port=port)
+    paths.servers_dir().mkdir(parents=True, exist_ok=True)
+    release = Release(
+        release_id="watch-1",
+        candidate="c",
+        scheme="unquantized",
+        repo_id="a/b",
+        commit="0" * 40,
+        model_dir=str(tmp_path),
+        public_name="m",
+        port=port,
+        supervisor_port=watch_port,
+        container=container.id,
+        log_path=str(paths.servers_dir() / "stable-watch-1.log"),
+        serving=ServingConfig(backend="docker"),
+    )
+    url = f"http://127.0.0.1:{watch_port}/metrics"
+
+    def served() -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                return requests.get(url, headers=server_key.headers(), timeout=2).text
+            except requests.ConnectionError:
+                time.sleep(0.3)
+        raise AssertionError(f"nothing served {url}")
+
+    try:
+        assert ensure_watched(release, "stable") == (
+            f"the watch of watch-1's container (port {watch_port})"
+        )
+        assert 'release="watch-1"' in served() and 'role="stable"' in served()
+        (first,) = _metrics_processes(container.id)
+        assert ensure_watched(release, "stable") is None  # one runs: no second
+        psutil.Process(first).kill()
+        psutil.Process(first).wait(10)
+        assert ensure_watched(release, "stable") is not None
+        assert 'release="watch-1"' in served()
+        (second,) = _metrics_processes(container.id)
+        assert second != first
+    finally:
+        container.remove(force=True)
+    deadline = time.monotonic() + 30
+    while _metrics_processes(container.id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _metrics_processes(container.id)  # it leaves with its container
+
+
 def test_down_removes_the_projects_network_once_no_container_uses_it(cpu_image, home, monkeypatch):
     """The network is the daemon's, shared by every home there: 'down' removes it only when
     nothing is attached. (A network of this test's own name: the other pytest worker's

@@ -465,7 +465,12 @@ def up(*, unattended: bool = False) -> tuple[RegistryState, list[str]]:
         try:
             for role in ("stable", "canary"):
                 release = getattr(state, role)
-                if release is None or release_alive(release):
+                if release is not None and release_alive(release):
+                    watch = backends.ensure_watched(release, role)
+                    if watch is not None:
+                        logger.warning("%s role: started %s again", role, watch)
+                    continue
+                if release is None:
                     continue
                 if unattended and crash_looping(release):
                     continue

@@ -24,6 +24,19 @@ def release_alive(release: Release) -> bool:
     return alive(release)
 
 
+def ensure_watched(release: Release, role: str) -> str | None:
+    """A running release's watch started again where it is gone: the docker backend's
+    container watch (hang watch and restart metrics), a process of its own that nothing
+    else restarts. The process backend's supervisor is the server's parent: a dead one
+    makes the release not alive, and ``up`` restarts the release. What was started, or
+    None."""
+    if release.serving.backend != "docker":
+        return None
+    from llm_release.serving.backends.docker import ensure_watched as ensure
+
+    return ensure(release, role)
+
+
 def port_problems(release: Release) -> list[str]:
     """The release's recorded ports (``port``, ``supervisor_port``) that a process other than
     its own server holds, in words; empty when each is its own or free. A record anyone can

@@ -306,31 +306,16 @@ class DockerServer(Server):
         """The container's restarts, crash loop and health at a /metrics of their own: a
         process of its own (it outlives this one, as the container does), scraped as the
         process backend's supervisor is."""
-        from llm_release.serving.supervise import RestartPolicy, supervisor_env
-
         self.metrics_port = free_port()
-        # A log of its own: the release's log is rewritten from the container's (sync_log).
-        with self.log_path.with_suffix(".metrics.log").open("ab") as log:
-            self.metrics_process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    METRICS_MODULE,
-                    self.container.id,
-                    self.served_names[0],
-                    self.owner.release_id or self.served_names[-1],
-                    self.owner.role,
-                    str(self.metrics_port),
-                    f"{self.base_url}/health",
-                    f"{RestartPolicy.from_settings().hang_after_s:g}",
-                    str(server_key.key_path()),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=supervisor_env(paths.home()),
-                start_new_session=True,
-            )
+        self.metrics_process = _start_watch(
+            self.container.id,
+            self.served_names[0],
+            self.owner.release_id or self.served_names[-1],
+            self.owner.role,
+            self.metrics_port,
+            f"{self.base_url}/health",
+            self.log_path,
+        )
 
     def what(self) -> str:
         return f"vLLM container for {self.served_names[-1]}"
@@ -489,6 +474,82 @@ def _published_ports(container: Any) -> set[int]:
         for bind in binds or []
         if bind.get("HostIp") == "127.0.0.1" and str(bind.get("HostPort", "")).isdigit()
     }
+
+
+def _start_watch(
+    container_id: str,
+    service: str,
+    release_id: str,
+    role: str,
+    port: int,
+    health_url: str,
+    log_path: Path,
+) -> subprocess.Popen:
+    """The container's watch (``container_metrics``): its restarts and health at a /metrics
+    on ``port``, and the hang watch that restarts a container whose vLLM stopped answering.
+    A log of its own: the release's log is rewritten from the container's (sync_log)."""
+    from llm_release.serving.supervise import RestartPolicy, supervisor_env
+
+    with Path(log_path).with_suffix(".metrics.log").open("ab") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                METRICS_MODULE,
+                container_id,
+                service,
+                release_id,
+                role,
+                str(port),
+                health_url,
+                f"{RestartPolicy.from_settings().hang_after_s:g}",
+                str(server_key.key_path()),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=supervisor_env(paths.home()),
+            start_new_session=True,
+        )
+
+
+def ensure_watched(release: Release, role: str) -> str | None:
+    """Start the watch of ``release``'s running container again when it is gone (killed,
+    or lost with its host process while the container kept running): without it a hung
+    container is never restarted and its restarts go unexported. What was started, in
+    words; None when the watch runs, or there is no container of the release to watch."""
+    if release.supervisor_port is None:
+        return None
+    try:
+        found = find_container(release.container)
+    except ServeError:
+        return None
+    if found is None or found.status != "running" or not _is_recorded(found, release):
+        return None
+    if _metrics_processes(found.id):
+        return None
+    if processes.foreign_listeners(release.supervisor_port, set()):
+        log.warning(
+            "%s: its watch is gone and its port %d is taken: not restarted",
+            release.release_id,
+            release.supervisor_port,
+        )
+        return None
+    try:
+        log_path = recorded_log_path(release, f"release {release.release_id}'s")
+    except StateError as exc:
+        log.warning("%s", exc.one_line())
+        return None
+    _start_watch(
+        found.id,
+        release.public_name,
+        release.release_id,
+        role,
+        release.supervisor_port,
+        f"http://127.0.0.1:{release.port}/health",
+        log_path,
+    )
+    return f"the watch of {release.release_id}'s container (port {release.supervisor_port})"
 
 
 def _metrics_processes(container_id: str) -> set[int]:
