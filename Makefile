@@ -26,7 +26,7 @@ PREFECT_API := http://127.0.0.1:$(PREFECT_PORT)/api
 PREFECT_AUTH := $(LLM_RELEASE_HOME)/prefect-api.auth
 PREFECT_CLIENT = PREFECT_API_URL=$(PREFECT_API) PREFECT_API_AUTH_STRING="$$(cat $(PREFECT_AUTH))"
 
-.PHONY: help setup wheelhouse image demo test test-fast lint hub-up prefect-up worker-up up down status bench
+.PHONY: help setup wheelhouse image demo test test-fast lint hub-up prefect-up worker-up fleet fleet-join up down status bench
 
 help:
 	@echo "make demo      set up everything, release SmolLM2-135M-Instruct, then walk its next revision as a canary"
@@ -35,6 +35,8 @@ help:
 	@echo "make down      stop every server the project started (Prometheus and Alertmanager keep their data)"
 	@echo "make image     build the docker backend's vLLM CPU image (reused while its inputs hold)"
 	@echo "make worker-up deploy prefect.yaml and start a process worker (what the UI's Run button needs)"
+	@echo "make fleet-join HOST=NAME [GPUS=N GPU_MEMORY_GIB=X]   this host joins the fleet: its card, queue host-NAME and its worker"
+	@echo "make fleet     the fleet: hosts, their GPUs, their workers (docs/fleet.md)"
 	@echo "make demo SERVING_BACKEND=docker   the demo with vLLM in containers"
 	@echo "make status    show the releases behind the load balancer"
 	@echo "make setup [TARGET=cpu|gpu] [HOST_TORCH=1] [WHEELHOUSE=DIR]   what demo and test run first; the branch (cpu, gpu) is printed"
@@ -94,6 +96,22 @@ worker-up: prefect-up
 	  echo $$! > $(PIDS)/worker.pid; \
 	fi; \
 	echo "worker: pool llm-release, deployments of prefect.yaml (log: $(LLM_RELEASE_HOME)/worker.log)"
+
+# The fleet (docs/fleet.md): this host declares itself (its GPUs as nvidia-smi reports them,
+# or GPUS and GPU_MEMORY_GIB as stated) and runs a worker on its own queue, host-NAME.
+fleet-join: prefect-up
+	@test -n "$(HOST)" || { echo "usage: make fleet-join HOST=NAME [GPUS=N GPU_MEMORY_GIB=X]"; exit 2; }
+	@export $(PREFECT_CLIENT) LLM_RELEASE_PROJECT=$(CURDIR); \
+	$(PY) -m flows.fleet join "$(HOST)" $(if $(GPUS),--gpus $(GPUS) --gpu-memory-gib $(GPU_MEMORY_GIB)) || exit 1; \
+	if ! { [ -f $(PIDS)/worker-$(HOST).pid ] && kill -0 $$(cat $(PIDS)/worker-$(HOST).pid) 2>/dev/null; }; then \
+	  PREFECT_WORKER_QUERY_SECONDS=3 setsid nohup .venv/bin/prefect worker start --pool llm-release \
+	    --work-queue "host-$(HOST)" --name "$(HOST)" >> $(LLM_RELEASE_HOME)/worker-$(HOST).log 2>&1 < /dev/null & \
+	  echo $$! > $(PIDS)/worker-$(HOST).pid; \
+	fi; \
+	echo "worker: pool llm-release, queue host-$(HOST) (log: $(LLM_RELEASE_HOME)/worker-$(HOST).log)"
+
+fleet:
+	@$(PREFECT_CLIENT) $(PY) -m flows.fleet list
 
 # The demo's runs go through the deployments and the worker, as a run from the UI does, so
 # they are the runs a user later finds under Deployments; the worker's log is shown live.

@@ -1,0 +1,236 @@
+"""The fleet: GPU hosts as workers of the project's Prefect work pool (issue 37, item 1).
+
+A host joins by declaring itself and running a worker on a work queue of its own:
+
+- its **card** (a Prefect Variable ``llm_release_host_<name>``): its GPUs, each with its
+  memory, read by the code the planner reads a host with (``gpus.host_gpus``,
+  ``hardware.gpu_memory_gib``), or stated by the operator for a host being prepared;
+- its **queue** (``host-<name>`` in the ``llm-release`` work pool), whose description says
+  the same in words, so the Prefect UI's work-pool page lists the hosts and their workers;
+- its **worker** (``prefect worker start --pool llm-release --work-queue host-<name>
+  --name <name>``): a flow run placed on the host's queue runs there and nowhere else.
+
+Why a queue per host and not tags or job variables: a work queue is what a Prefect worker
+polls, so a run sent to ``host-<name>`` (``run_deployment(..., work_queue_name=...)``) is
+picked up by that host's worker alone; tags only label runs, and job variables configure
+the run a worker already took. The pool's default queue stays for runs that may go
+anywhere. ``python -m flows.fleet list`` shows the fleet: each host's GPUs, its worker's
+status and last heartbeat (Prefect's own record of its workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from datetime import UTC, datetime
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+from tabulate import tabulate
+
+from llm_release.errors import ConfigError, ReleaseError
+
+POOL = "llm-release"
+QUEUE_PREFIX = "host-"
+VARIABLE_PREFIX = "llm_release_host_"
+# A host's name: a queue, a worker and a Prefect variable are named after it.
+HOST_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+MAX_GPUS = 1024
+
+
+class GpuCard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(ge=0, lt=MAX_GPUS)
+    memory_gib: float = Field(gt=0, le=4096)
+
+
+class HostCard(BaseModel):
+    """What a host declares of itself when it joins."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=HOST_NAME.pattern, max_length=40)
+    gpus: list[GpuCard] = Field(default_factory=list, max_length=MAX_GPUS)
+    source: str = Field(description="'nvidia-smi' (read on the host) or 'stated'")
+    declared_at: datetime
+
+    def describe(self) -> str:
+        if not self.gpus:
+            return f"llm-release host {self.name}: no GPU ({self.source})"
+        sizes = sorted({g.memory_gib for g in self.gpus})
+        memory = " / ".join(f"{s:.1f} GiB" for s in sizes)
+        return f"llm-release host {self.name}: {len(self.gpus)} GPU × {memory} ({self.source})"
+
+
+class HostView(BaseModel):
+    """A host as the fleet sees it now: its card and its worker's state."""
+
+    name: str
+    queue: str
+    gpus: int
+    gpu_memory_gib: list[float]
+    worker: str = Field(description="ONLINE, OFFLINE, or 'none' (no worker has polled)")
+    last_heartbeat: datetime | None = None
+
+
+def checked_name(name: str) -> str:
+    if not HOST_NAME.fullmatch(name or ""):
+        shown = ascii(name[:60]) + ("..." if len(name) > 60 else "")
+        raise ConfigError(
+            f"host name {shown} is not a host name",
+            hint="use a lower-case letter, then lower-case letters, digits or '_' "
+            "(at most 40): it names the host's work queue, worker and card",
+        )
+    return name
+
+
+def read_card(name: str, gpus: int | None, gpu_memory_gib: float | None) -> HostCard:
+    """This host's card: its GPUs as the planner reads them, or as stated (``gpus`` GPUs of
+    ``gpu_memory_gib`` each, for a host being prepared, or one whose nvidia-smi is not
+    the one its servers will see)."""
+    checked_name(name)
+    now = datetime.now(UTC)
+    if gpus is not None or gpu_memory_gib is not None:
+        if gpus is None or gpu_memory_gib is None or gpus < 0 or gpu_memory_gib <= 0:
+            raise ConfigError(
+                "--gpus and --gpu-memory-gib go together: a count and each GPU's memory",
+                hint="e.g. --gpus 8 --gpu-memory-gib 80 (or neither: read with nvidia-smi)",
+            )
+        cards = [GpuCard(index=i, memory_gib=gpu_memory_gib) for i in range(gpus)]
+        return HostCard(name=name, gpus=cards, source="stated", declared_at=now)
+    from llm_release.hardware import gpu_memory_gib as memory_of
+    from llm_release.serving.gpus import host_gpus
+
+    cards = [GpuCard(index=i, memory_gib=round(memory_of(i) or 0, 2)) for i in host_gpus()]
+    return HostCard(
+        name=name, gpus=[c for c in cards if c.memory_gib > 0], source="nvidia-smi", declared_at=now
+    )
+
+
+def join(card: HostCard) -> str:
+    """Declare ``card``'s host to the Prefect API: the pool (made when missing), the host's
+    queue with its description, and its card; the queue's name (what its worker polls)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+    from prefect.variables import Variable
+
+    queue = QUEUE_PREFIX + card.name
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(POOL)
+        except ObjectNotFound:
+            try:
+                client.create_work_pool(WorkPoolCreate(name=POOL, type="process"))
+            except ObjectAlreadyExists:
+                pass  # another host made it meanwhile
+        try:
+            client.create_work_queue(queue, description=card.describe(), work_pool_name=POOL)
+        except ObjectAlreadyExists:
+            (found,) = [q for q in client.read_work_queues(work_pool_name=POOL) if q.name == queue]
+            client.update_work_queue(found.id, description=card.describe())
+    Variable.set(VARIABLE_PREFIX + card.name, card.model_dump(mode="json"), overwrite=True)
+    return queue
+
+
+def hosts() -> list[HostView]:
+    """Every host of the fleet: the pool's host queues, each with its card and its worker."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.variables import Variable
+
+    with get_client(sync_client=True) as client:
+        try:
+            queues = client.read_work_queues(work_pool_name=POOL)
+        except ObjectNotFound:
+            return []
+        workers = {w.name: w for w in client.read_workers_for_work_pool(POOL)}
+    views = []
+    for queue in sorted(queues, key=lambda q: q.name):
+        name = queue.name.removeprefix(QUEUE_PREFIX)
+        if not queue.name.startswith(QUEUE_PREFIX) or not HOST_NAME.fullmatch(name):
+            continue
+        raw = Variable.get(VARIABLE_PREFIX + name, default=None)
+        try:
+            card = HostCard.model_validate(raw)  # a variable anyone with the API can edit
+        except ValueError:
+            card = None
+        worker = workers.get(name)
+        views.append(
+            HostView(
+                name=name,
+                queue=queue.name,
+                gpus=len(card.gpus) if card else 0,
+                gpu_memory_gib=sorted({g.memory_gib for g in card.gpus}) if card else [],
+                worker=worker.status.value if worker else "none",
+                last_heartbeat=worker.last_heartbeat_time if worker else None,
+            )
+        )
+    return views
+
+
+def table(views: list[HostView]) -> str:
+    rows = [
+        [
+            v.name,
+            v.queue,
+            v.gpus,
+            ", ".join(f"{m:g}" for m in v.gpu_memory_gib) or "-",
+            v.worker,
+            v.last_heartbeat.strftime("%Y-%m-%d %H:%M:%S UTC") if v.last_heartbeat else "-",
+        ]
+        for v in views
+    ]
+    headers = ["host", "queue", "GPUs", "GiB each", "worker", "last heartbeat"]
+    return tabulate(rows, headers=headers) if rows else "no host has joined the fleet"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m flows.fleet", description=__doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    joining = sub.add_parser("join", help="declare this host (its card and queue)")
+    joining.add_argument("name", help="the host's name: its queue is host-NAME")
+    joining.add_argument("--gpus", type=int, help="GPUs stated (else read with nvidia-smi)")
+    joining.add_argument("--gpu-memory-gib", type=float, help="each stated GPU's memory")
+    listing = sub.add_parser("list", help="the fleet: hosts, GPUs, workers")
+    listing.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "join":
+            card = read_card(args.name, args.gpus, args.gpu_memory_gib)
+            queue = join(card)
+            print(f"{card.describe()}; queue {queue} of pool {POOL}")
+            print(
+                f"start its worker: prefect worker start --pool {POOL} --work-queue {queue} "
+                f"--name {card.name}"
+            )
+            return 0
+        views = hosts()
+    except ReleaseError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return 2
+    except httpx.HTTPError as exc:  # no server there, or it refused the credentials
+        from prefect.settings import PREFECT_API_URL
+
+        print(
+            f"error: the Prefect API at {PREFECT_API_URL.value()} did not answer: "
+            f"{' '.join(str(exc).split())[:200]} (how to fix: 'make prefect-up', and "
+            "PREFECT_API_URL and PREFECT_API_AUTH_STRING as the Makefile sets them)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.json:
+        print(json.dumps([v.model_dump(mode="json") for v in views], indent=2))
+    else:
+        print(table(views))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The fleet against a real Prefect server (the one ``make prefect-up`` starts, with its
+credentials): two hosts join with their GPUs stated, one runs its worker on its own queue,
+and ``flows.fleet list`` shows both as Prefect records them (issue 37, item 1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from llm_release.serving.serve import free_port, stop_process_group
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFECT = Path(sys.executable).parent / "prefect"
+
+
+@pytest.fixture()
+def prefect_api(tmp_path):
+    """A Prefect server of the project's own start (SQLite, credentials), and the client
+    environment the Makefile gives Prefect's clients."""
+    port = free_port()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "LLM_RELEASE_"))}
+    env = base | {
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "LLM_RELEASE_HOME": str(tmp_path / "home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+    }
+    pid_file = tmp_path / "prefect.pid"
+    started = subprocess.run(
+        [sys.executable, "-m", "flows.server", "--port", str(port)]
+        + ["--log", str(tmp_path / "server.log"), "--pid-file", str(pid_file)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    auth = (tmp_path / "home" / "prefect-api.auth").read_text().strip()
+    client = env | {
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "PREFECT_API_AUTH_STRING": auth,
+        "PREFECT_WORKER_HEARTBEAT_SECONDS": "5",
+        "PREFECT_WORKER_QUERY_SECONDS": "2",
+    }
+    try:
+        yield client
+    finally:
+        stop_process_group(int(pid_file.read_text()), grace_s=15)
+
+
+def fleet(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.fleet", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def listed(env: dict) -> dict[str, dict]:
+    out = fleet(env, "list", "--json")
+    assert out.returncode == 0, out.stderr
+    return {host["name"]: host for host in json.loads(out.stdout)}
+
+
+def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api, tmp_path):
+    env = prefect_api
+    joined = fleet(env, "join", "gpu_a", "--gpus", "2", "--gpu-memory-gib", "79.6")
+    assert joined.returncode == 0, joined.stderr
+    assert "llm-release host gpu_a: 2 GPU × 79.6 GiB (stated); queue host-gpu_a" in joined.stdout
+    assert fleet(env, "join", "gpu_b", "--gpus", "1", "--gpu-memory-gib", "139.8").returncode == 0
+    hosts = listed(env)
+    assert sorted(hosts) == ["gpu_a", "gpu_b"]
+    assert (hosts["gpu_a"]["gpus"], hosts["gpu_a"]["gpu_memory_gib"]) == (2, [79.6])
+    assert hosts["gpu_b"]["queue"] == "host-gpu_b" and hosts["gpu_b"]["worker"] == "none"
+
+    # gpu_a's worker polls its queue alone; Prefect records it, and its heartbeats.
+    worker = subprocess.Popen(
+        [str(PREFECT), "worker", "start", "--pool", "llm-release"]
+        + ["--work-queue", "host-gpu_a", "--name", "gpu_a"],
+        env=env,
+        stdout=open(tmp_path / "worker.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and listed(env)["gpu_a"]["worker"] != "ONLINE":
+            time.sleep(1)
+        hosts = listed(env)
+        assert hosts["gpu_a"]["worker"] == "ONLINE", (tmp_path / "worker.log").read_text()[-2000:]
+        assert hosts["gpu_a"]["last_heartbeat"] is not None
+        assert hosts["gpu_b"]["worker"] == "none"
+        table = fleet(env, "list").stdout
+        assert "gpu_a" in table and "ONLINE" in table and "host-gpu_b" in table
+    finally:
+        stop_process_group(worker.pid, grace_s=10)
+
+    # Joining again updates the card; the queue stays one.
+    assert fleet(env, "join", "gpu_a", "--gpus", "4", "--gpu-memory-gib", "79.6").returncode == 0
+    hosts = listed(env)
+    assert hosts["gpu_a"]["gpus"] == 4 and len(hosts) == 2
+
+
+def test_bad_names_and_half_stated_gpus_are_one_line_before_the_api(prefect_api):
+    env = prefect_api
+    for args, says in (
+        (["join", "Bad Name"], "is not a host name"),
+        (["join", "a" * 300], "is not a host name"),
+        (["join", "gpu_c", "--gpus", "2"], "--gpus and --gpu-memory-gib go together"),
+    ):
+        out = fleet(env, *args)
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert listed(env) == {}
+
+
+def test_a_card_edited_to_nonsense_shows_no_gpu_and_breaks_no_listing(prefect_api):
+    """A card is a Prefect variable anyone with the API may edit: read as input."""
+    env = prefect_api
+    assert fleet(env, "join", "gpu_a", "--gpus", "1", "--gpu-memory-gib", "80").returncode == 0
+    assert fleet(env, "join", "gpu_b", "--gpus", "2", "--gpu-memory-gib", "80").returncode == 0
+    edit = (
+        "from prefect.variables import Variable; "
+        "Variable.set('llm_release_host_gpu_a', {'name': 'x', 'gpus': 'all'}, overwrite=True)"
+    )
+    done = subprocess.run([sys.executable, "-c", edit], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    hosts = listed(env)
+    assert hosts["gpu_a"]["gpus"] == 0 and hosts["gpu_b"]["gpus"] == 2
+
+
+def test_no_prefect_api_is_one_line_saying_how_to_start_it(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env |= {
+        "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api",
+        "PREFECT_HOME": str(tmp_path),
+        "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+    }
+    out = fleet(env, "list")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "did not answer" in out.stderr and "make prefect-up" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
