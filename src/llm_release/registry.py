@@ -142,9 +142,10 @@ def recorded_model_dir(release: Release, what: str, error: type[ReleaseError] = 
 
 
 def recorded_log_path(release: Release, what: str, error: type[ReleaseError] = StateError) -> Path:
-    """``release.log_path`` when it is a log file of the project's servers folder
-    (``<home>/servers/<name>.log``, where the pipeline writes every one), and no link, FIFO
-    or device sits there; ``error`` in one line otherwise. A stop copies a container's log
+    """``release.log_path`` when it is the release's own log file in the project's servers
+    folder (``<home>/servers/<role>-<release_id>.log``, where the pipeline writes every
+    one: another release's log would name that release's supervisor and processes), and no
+    link, FIFO or device sits there; ``error`` in one line otherwise. A stop copies a container's log
     into it, a restart appends to it, status reads the supervisor's state beside it."""
     path = Path(release.log_path)
     servers = Path(os.path.realpath(paths.servers_dir()))
@@ -155,6 +156,13 @@ def recorded_log_path(release: Release, what: str, error: type[ReleaseError] = S
     ):
         raise error(
             f"{what} log_path {release.log_path[:300]!r} is not a log of {servers}",
+            hint=_RESTORE_HINT,
+        )
+    if path.name not in {f"{role}-{release.release_id}.log" for role in ("stable", "canary")}:
+        # another release's log: its supervisor's spec and state, and so its processes
+        raise error(
+            f"{what} log_path {release.log_path[:300]!r} is not release {release.release_id}'s "
+            f"log (stable-{release.release_id}.log or canary-{release.release_id}.log)",
             hint=_RESTORE_HINT,
         )
     real = servers / path.name

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -17,8 +19,11 @@ from llm_release.config import ServingConfig
 from llm_release.errors import StateError
 from llm_release.registry import Release
 from llm_release.reporting import lineage
-from llm_release.serving import supervise
+from llm_release.serving import processes, supervise
 from llm_release.serving.backends import process
+from tests.helpers import marked_env
+
+OWN_LOG = "stable-baseline-aaaaaaaa-20261205000000.log"
 
 
 def _release(**fields) -> Release:
@@ -33,7 +38,7 @@ def _release(**fields) -> Release:
             "public_name": "svc",
             "port": 20001,
             "supervisor_port": 20002,
-            "log_path": str(paths.servers_dir() / "stable-baseline.log"),
+            "log_path": str(paths.servers_dir() / "stable-baseline-aaaaaaaa-20261205000000.log"),
             "serving": ServingConfig(),
         }
         | fields
@@ -44,9 +49,9 @@ def test_a_log_of_the_servers_folder_is_used_where_it_is(home, tmp_path):
     servers = paths.servers_dir()
     servers.mkdir(parents=True, exist_ok=True)
     assert registry.recorded_log_path(_release(), "the stable release") == (
-        servers.resolve() / "stable-baseline.log"
+        servers.resolve() / OWN_LOG
     )
-    (servers / "stable-baseline.log").write_text("a line\n")
+    (servers / OWN_LOG).write_text("a line\n")
     assert registry.recorded_log_path(_release(), "the stable release").is_file()
 
 
@@ -73,17 +78,18 @@ def test_a_link_or_a_fifo_in_the_servers_folder_is_refused(home, tmp_path):
     servers.mkdir(parents=True, exist_ok=True)
     secret = tmp_path / "secret"
     secret.write_text("keep out\n")
-    (servers / "link.log").symlink_to(secret)
-    os.mkfifo(servers / "fifo.log")
-    for name in ("link.log", "fifo.log"):
+    (servers / OWN_LOG).symlink_to(secret)
+    os.mkfifo(servers / OWN_LOG.replace("stable-", "canary-"))
+    for name in (OWN_LOG, OWN_LOG.replace("stable-", "canary-")):
         release = _release(log_path=str(servers / name))
         with pytest.raises(StateError, match="is a link or not a regular file"):
             registry.recorded_log_path(release, "the stable release")
 
 
-def _forged_state(folder, **state) -> str:
-    """A log path outside the servers folder with a supervisor state file beside it."""
-    log_path = folder / "forged.log"
+def _forged_state(folder, name: str = "forged.log", **state) -> str:
+    """A log path (outside the servers folder, by default) with a supervisor state file
+    beside it."""
+    log_path = folder / name
     log_path.write_text("")
     state = {"release_id": "x", "state": "crash-looping", "supervisor_pid": 1} | state
     supervise.state_path(log_path).write_text(json.dumps(state))
@@ -97,7 +103,7 @@ def test_status_reads_no_supervisor_state_beside_a_log_outside_the_servers_folde
     assert process.server_summary(forged) is None
     # the same state beside a log of the servers folder is read
     paths.servers_dir().mkdir(parents=True, exist_ok=True)
-    own = _release(log_path=_forged_state(paths.servers_dir(), reason="own"))
+    own = _release(log_path=_forged_state(paths.servers_dir(), OWN_LOG, reason="own"))
     assert process.crash_looping(own) == "own"
 
 
@@ -105,7 +111,9 @@ def test_stop_signals_no_group_named_beside_a_log_outside_the_servers_folder(
     home, tmp_path, monkeypatch
 ):
     asked: list[str] = []
-    monkeypatch.setattr(supervise, "stop_server_group", lambda p: asked.append(str(p)) or True)
+    monkeypatch.setattr(
+        supervise, "stop_server_group", lambda p, r=None: asked.append(str(p)) or True
+    )
     forged = _release(log_path=_forged_state(tmp_path, server_pid=os.getpid()), pid=0)
     assert process.stop_release(forged) is False
     assert asked == []
@@ -151,3 +159,35 @@ def test_a_run_folder_of_the_home_is_read(home):
     release = _release(run_dir=str(inside))
     assert registry.recorded_run_dir(release) == inside.resolve()
     assert [e.eval_set for e in canary_publish.winner_evals(release)] == ["forged"]
+
+
+def test_a_record_naming_another_releases_log_is_refused_and_stops_nothing_of_it(home):
+    """The canary's row given the stable's log (and so its supervisor's spec, state and
+    processes): refused in one line; a state file of another release stops nothing."""
+    stable_log = paths.servers_dir() / "stable-stable-1111aaaa-20261205000000.log"
+    canary = _release(release_id="canary-2222bbbb-20261205000000", log_path=str(stable_log))
+    with pytest.raises(StateError, match="is not release canary-2222bbbb-20261205000000's log"):
+        registry.recorded_log_path(canary, "the canary release")
+    assert process.crash_looping(canary) is None and process.server_summary(canary) is None
+    paths.servers_dir().mkdir(parents=True, exist_ok=True)
+    stable_server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env=marked_env(home),
+        start_new_session=True,
+    )
+    try:
+        state = _forged_state(
+            paths.servers_dir(),
+            stable_log.name,
+            release_id="stable-1111aaaa-20261205000000",
+            server_pid=stable_server.pid,
+            server_started=processes.start_time(stable_server.pid),
+        )
+        assert supervise.stop_server_group(state, "canary-2222bbbb-20261205000000") is False
+        assert stable_server.poll() is None  # the stable's server runs on
+        assert supervise.stop_server_group(state, "stable-1111aaaa-20261205000000") is True
+        assert stable_server.wait(10) is not None
+    finally:
+        if stable_server.poll() is None:
+            stable_server.kill()
+            stable_server.wait(10)

@@ -527,11 +527,14 @@ class SupervisedServer(VllmServer):
         stop_server_group(self.log_path)
 
 
-def stop_server_group(log_path: str | Path) -> bool:
+def stop_server_group(log_path: str | Path, release_id: str | None = None) -> bool:
     """The server group a supervisor last ran, if it is still that process: a supervisor
-    killed before it could stop its server leaves it behind."""
+    killed before it could stop its server leaves it behind. With ``release_id``, only if
+    the state file is that release's."""
     state = read_state(log_path)
     if state is None or not state.server_pid:
+        return False
+    if release_id is not None and state.release_id != release_id:
         return False
     if not processes.is_same(state.server_pid, state.server_started):
         return False

@@ -70,7 +70,7 @@ def stop_release(release: Release, grace_s: float = 20) -> bool:
     stopped = _recorded_alive(release) and stop_process_group(release.pid, grace_s)
     log_path = _supervisor_log(release)
     if log_path is not None:
-        stopped = supervise.stop_server_group(log_path) or stopped
+        stopped = supervise.stop_server_group(log_path, release.release_id) or stopped
     return stopped
 
 
