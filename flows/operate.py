@@ -28,7 +28,7 @@ from llm_release.evaluation.evaluate import run_evaluation
 from llm_release.fileio import atomic_write_text
 from llm_release.hub import local_source
 from llm_release.results import EvalResult
-from llm_release.serving import reasoning
+from llm_release.serving import backends, reasoning
 from llm_release.serving.factory import make_server
 from tasks.notify import emit_rollback
 from tasks.publish import publish_winner
@@ -203,6 +203,14 @@ def eval_target(model_dir: str | None) -> EvalTarget:
         raise StateError(
             "there is no live stable release to evaluate",
             hint="give model_dir, or run a release first ('llm-release canary status')",
+        )
+    problems = backends.port_problems(stable)  # lm-eval sends the servers' key there
+    if problems:
+        raise StateError(
+            f"the stable release {stable.release_id}'s recorded {'; '.join(problems)}, not "
+            "its server: it is not evaluated there (the servers' key is not sent)",
+            hint="'make down' then 'make up' serves it again on ports of its own; check who "
+            "edited the record",
         )
     return EvalTarget(label=f"stable release {stable.release_id}", stable=stable)
 

@@ -116,3 +116,45 @@ def test_the_eval_only_scores_table_has_a_row_per_metric():
         ["refusal_kb", "numeric_match", "1.000", "–", "12"],
         ["kb", "exact", "0.500", "–", "3"],
     ]
+
+
+def test_eval_only_of_a_stable_whose_recorded_port_is_anothers_is_refused(home, tmp_path):
+    """The stable's row names its live server but a port a stranger listens on: lm-eval
+    would send the servers' key there; the run is refused in one line first."""
+    import socket
+
+    from flows.operate import eval_target
+    from llm_release import registry
+    from llm_release.config import ServingConfig
+    from llm_release.errors import StateError
+    from llm_release.serving.processes import start_time
+    from tests.fake_openai import FakeServer
+
+    fake = FakeServer("stable-0123abcd-20261201000000", 0, tmp_path)
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    try:
+        stable = registry.Release(
+            release_id="stable-0123abcd-20261201000000",
+            candidate="stable",
+            scheme="none",
+            repo_id="a/b",
+            commit="0" * 40,
+            model_dir="/nonexistent",
+            public_name="svc",
+            port=fake.port,
+            pid=fake.pid,
+            pid_started=start_time(fake.pid),
+            log_path="/dev/null",
+            serving=ServingConfig(),
+        )
+        registry.save(registry.RegistryState(stable=stable))
+        assert eval_target(None).stable is not None  # its own port: evaluated
+        forged = stable.model_copy(update={"port": stranger.getsockname()[1]})
+        registry.save(registry.RegistryState(stable=forged))
+        with pytest.raises(StateError, match="not its server: it is not evaluated there"):
+            eval_target(None)
+    finally:
+        stranger.close()
+        fake.close()

@@ -104,7 +104,18 @@ def drain_and_stop(
     deadline = started + timeout_s
     lb: int | None = None
     vllm: float | None = None
+    # The record's port is input: one another process holds is not asked (its /metrics
+    # read carries the servers' key), and nothing confirms an empty server there.
+    foreign = backends.port_problems(release)
     while True:
+        if foreign:
+            outcome = "unknown"
+            detail = (
+                f"its recorded {'; '.join(foreign)}, not its server: not asked for its "
+                "requests (the servers' key is not sent there)"
+            )
+            logger.warning("%s: %s; stopping it all the same", release.release_id, detail)
+            break
         if not backends.release_alive(release):
             outcome, detail = "drained", "its server had already exited"
             break

@@ -252,9 +252,26 @@ class Router:
 
     @property
     def api_key(self) -> str:
-        """The project's own API key (made on first use; opens the loopback listener)."""
+        """The project's own API key (made on first use; opens the loopback listener), for
+        a caller that sends it to ``url``: refused while another process than this HAProxy
+        listens on the port (the record's ``router_port`` is input: edited to another local
+        user's port, the probes and the demo traffic would hand that user the key)."""
+        self.check_port()
         self.directory.mkdir(parents=True, exist_ok=True)
         return door.project_key(self.api_key_path)
+
+    def check_port(self) -> None:
+        """The loopback port is this HAProxy's (its master and workers) or free."""
+        pid = self.pid()
+        others = processes.foreign_listeners(
+            self.listen_port, processes.tree(pid) if pid is not None else set()
+        )
+        if others:
+            raise RouterError(
+                f"the load balancer's port {self.listen_port} is held by {', '.join(others)}, "
+                "not by this home's HAProxy: the project's key is not sent there",
+                hint="check the record's router_port (make status), or stop what holds it",
+            )
 
     @property
     def auth_headers(self) -> dict[str, str]:

@@ -208,3 +208,27 @@ def test_running_requests_sums_every_series_and_a_page_that_does_not_parse_is_un
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_recorded_port_another_process_holds_is_not_asked_and_not_called_empty(tmp_path):
+    """The release's row names its own live server but a port a stranger listens on: the
+    drain sends no key there, says it could not confirm an empty server, and stops the
+    recorded server all the same (issue 36, found by a review)."""
+    fake = FakeServer("idle-0123abcd-20261201000000", 0, tmp_path)
+    stranger = socket.socket()
+    stranger.bind(("127.0.0.1", 0))
+    stranger.listen()
+    stranger.settimeout(0.5)
+    try:
+        release = release_for(
+            fake.pid, stranger.getsockname()[1], name="idle-0123abcd-20261201000000"
+        )
+        result = drain.drain_and_stop(release, 30)
+        assert result.outcome == "unknown" and not result.confirmed_empty, result
+        assert "not its server: not asked" in result.detail and result.waited_s < 10
+        with pytest.raises(TimeoutError):
+            stranger.accept()  # nobody came with the key
+        assert fake.record()["in_flight_at_stop"] == 0  # the recorded server was stopped
+    finally:
+        stranger.close()
+        fake.close()
