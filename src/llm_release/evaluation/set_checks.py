@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import jinja2
@@ -15,7 +17,7 @@ import yaml
 from llm_release import paths, safety
 from llm_release.evaluation import metrics, templates
 from llm_release.evaluation.evalsets import EvalSet, load_eval_set
-from llm_release.evaluation.items import load_items, render
+from llm_release.evaluation.items import MAX_DATA_BYTES, load_items, render
 from llm_release.evaluation.set_files import EvalSetError, recording_reads
 from llm_release.fileio import atomic_write_json
 
@@ -109,7 +111,7 @@ def validate_cached(name: str, root: Path | None = None) -> dict:
     context = {"root": str(root.absolute()), "code": _checker_fingerprint()}
     try:
         record = json.loads(store.read_text())
-        if record["context"] == context and _unchanged(record["reads"]):
+        if record["context"] == context and _unchanged(record["reads"], root, name):
             return record["summary"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -136,19 +138,43 @@ def _checker_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def _unchanged(reads: dict[str, str]) -> bool:
-    if not reads:
+def _unchanged(reads: object, root: Path, name: str) -> bool:
+    """Every file the kept check read is byte for byte the same. The kept record is a state
+    file, input like any: its paths must be files of the eval sets' folder, the set's own
+    task.yaml among them (a record naming only absent files passed everything), each a
+    regular file of at most MAX_DATA_BYTES read without waiting (a FIFO or /dev/zero named
+    there hung or filled the worker)."""
+    if not isinstance(reads, dict) or not reads:
         return False
-    for name, digest in reads.items():
-        try:
-            data = Path(name).read_bytes()
-        except FileNotFoundError:
-            if digest:
-                return False
-            continue
-        if not digest or hashlib.sha256(data).hexdigest() != digest:
+    base = root.resolve()
+    task = str((root / name / "task.yaml").absolute())
+    if not reads.get(task):
+        return False
+    for path, digest in reads.items():
+        if not isinstance(path, str) or not isinstance(digest, str):
+            return False
+        if base not in Path(path).resolve().parents:
+            return False
+        if _digest_of(Path(path)) != digest:
             return False
     return True
+
+
+def _digest_of(path: Path) -> str:
+    """The SHA-256 of a regular file of at most MAX_DATA_BYTES; "" for one that is absent,
+    and "?" (matching no digest) for anything else."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return ""
+    except OSError:
+        return "?"
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DATA_BYTES:
+        os.close(descriptor)
+        return "?"
+    with open(descriptor, "rb") as handle:
+        return hashlib.sha256(handle.read(MAX_DATA_BYTES + 1)).hexdigest()
 
 
 def resolution(eval_set: EvalSet, items: list[dict]) -> list[dict]:

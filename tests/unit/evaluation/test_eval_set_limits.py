@@ -127,3 +127,34 @@ def test_defaults_and_calibration_are_part_of_the_check(root, tmp_path, monkeypa
     monkeypatch.setattr(paths, "calibration_dir", lambda: project / "calibration")
     with pytest.raises(EvalSetError, match="also in the calibration set"):
         validate_cached("kb2", root)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"/nonexistent": ""},  # only absent files: passed everything
+        {"/dev/zero": "0" * 64},  # read whole: filled the memory
+        {"{fifo}": "0" * 64},  # read: waited for a writer for ever
+        "not a mapping",
+    ],
+)
+def test_a_forged_check_record_is_checked_again_and_hangs_nothing(root, forged, monkeypatch):
+    """eval-set-checks/<set>.json is a state file: a record naming files outside the eval
+    sets' folder, or none of the set's own, is not taken as a pass (the check runs)."""
+    calls = []
+    real = set_checks.validate
+    monkeypatch.setattr(set_checks, "validate", lambda *a, **k: calls.append(a) or real(*a, **k))
+    first = validate_cached("kb2", root)
+    store = paths.home() / "eval-set-checks" / "kb2.json"
+    record = json.loads(store.read_text())
+    fifo = root.parent / "fifo"
+    os.mkfifo(fifo)
+    if isinstance(forged, dict):
+        forged = {k.format(fifo=fifo): v for k, v in forged.items()}
+    record["reads"] = forged
+    record["summary"] = {"items": 999}
+    store.write_text(json.dumps(record))
+    started = time.monotonic()
+    summary = validate_cached("kb2", root)
+    assert summary == first and len(calls) == 2  # checked again, not the forged pass
+    assert time.monotonic() - started < 60
