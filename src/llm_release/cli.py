@@ -20,6 +20,7 @@ def _print_status(as_json: bool) -> None:
     if as_json:
         print(json.dumps(info, indent=2))
         return
+    info = _inert(info)  # texts from the record and state files: no terminal escape raw
     print(f"load balancer: {info['lb_url']} ({'running' if info['router_running'] else 'stopped'})")
     print(f"  API key (Authorization: Bearer): {info['api_key_file']}")
     alerts = info["alertmanager"]
@@ -53,6 +54,19 @@ def _print_status(as_json: bool) -> None:
             )
         if walk.get("reason"):
             print(f"  {walk['reason']}")
+
+
+def _inert(value):
+    """``value`` with every text in it escaped for the terminal (``lineage.shown``)."""
+    from llm_release.reporting.lineage import shown
+
+    if isinstance(value, str):
+        return shown(value)
+    if isinstance(value, dict):
+        return {key: _inert(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_inert(item) for item in value]
+    return value
 
 
 def _server_text(server: dict | None) -> str:

@@ -70,3 +70,48 @@ def test_hostile_or_overlong_names_are_one_line_naming_the_bound(
     assert len(lines) == 1 and lines[0].startswith("error: ") and bound in lines[0], err
     assert "unexpected" not in err and "\x1b" not in err and "\x07" not in err
     assert len(err) < 700 and list(root.iterdir()) == []
+
+
+def test_status_prints_the_records_texts_inert(monkeypatch, capsys, home):
+    """A rollout reason, a release id or a supervisor's reason read from the record reach
+    the terminal escaped (issue 36, found by a review): no escape sequence runs."""
+    from llm_release.canary import promote
+
+    evil = "x\x1b]0;owned\x07\x1b[2J\u202e"
+    info = {
+        "lb_url": "http://127.0.0.1:8080",
+        "router_running": True,
+        "api_key_file": "/h/key",
+        "alertmanager": {
+            "url": "u",
+            "running": True,
+            "notifies": None,
+            "user": "u",
+            "password_file": "p",
+            "amtool": ["amtool"],
+        },
+        "releases": [
+            {
+                "role": "stable",
+                "release_id": evil,
+                "weight": 100,
+                "requests": 0,
+                "health": "ok",
+                "process_alive": True,
+                "server": {"state": "running", "restarts": 0, "reason": evil},
+            }
+        ],
+        "rollout": {
+            "release_id": evil,
+            "state": "walking",
+            "weight": 25,
+            "steps": [25, 100],
+            "last_window": {"weight": 25, "index": 1, "verdict": "pass", "reason": evil},
+            "reason": evil,
+        },
+    }
+    monkeypatch.setattr(promote, "status", lambda: info)
+    assert cli(["canary", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert out.count("x\\x1b]0;owned\\x07\\x1b[2J\\u202e") == 5, out
