@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_release.config import ServingConfig, Speculation
 from llm_release.sizing.vllm_report import KvCheck
@@ -67,8 +68,15 @@ class ItemResult(Record):
     answer: str = ""
 
 
+# An eval set's name and a metric's, as the evaluation writes them: a result read back from
+# the record (anyone with its URL edits it) names no others, so no markup, escape or path
+# reaches a report, a table header or a published model card through them.
+EVAL_SET_NAME = r"^[a-z0-9][a-z0-9_-]{0,99}$"
+METRIC_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
 class EvalResult(Record):
-    eval_set: str
+    eval_set: str = Field(pattern=EVAL_SET_NAME)
     version: str | float | int | None = None
     sha256: str | None = Field(
         None, description="the set's fingerprint when evaluated (evalsets.fingerprint)"
@@ -79,6 +87,14 @@ class EvalResult(Record):
     gates: GateSpec = Field(default_factory=GateSpec, description="the set's gates, as applied")
     items: list[ItemResult] = Field(default_factory=list)
     samples_path: str | None = None
+
+    @field_validator("metrics")
+    @classmethod
+    def _metric_names(cls, metrics: dict[str, MetricScore]) -> dict[str, MetricScore]:
+        bad = [name for name in metrics if not METRIC_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"metric name {ascii(bad[0])[:80]} is not a metric's name")
+        return metrics
 
 
 class LoadLevel(Record):

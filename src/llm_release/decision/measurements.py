@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from importlib.metadata import version
 from pathlib import Path
 
@@ -112,6 +113,11 @@ def save(result: CandidateResult, run_id: str) -> None:
         )
 
 
+# A run's id as the flows make it (``20261205T183012Z-1a2b3c4d``, ``eval-…``): reused
+# measurements name it in the report.
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
 def find(fp: str) -> tuple[CandidateResult, str] | None:
     """A stored measurement with this exact fingerprint, and the run that made it."""
     if store.missing() and not _old_folder().exists():
@@ -125,8 +131,8 @@ def find(fp: str) -> tuple[CandidateResult, str] | None:
         result = CandidateResult.model_validate(stored)
     except (ValueError, TypeError):
         return None  # unreadable: measure again rather than trust it
-    if result.fingerprint != fp:
-        return None
+    if result.fingerprint != fp or not RUN_ID.fullmatch(str(run_id)):
+        return None  # a run id is the report's text: one the pipeline could not have made
     return result, str(run_id)
 
 

@@ -157,7 +157,8 @@ def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
     """A markdown (GitHub) table, its lines; a cell's pipes and line breaks cannot break
     its row."""
     cells = [["—" if c is None else _cell(c) for c in row] for row in rows]
-    return tabulate(cells, headers, tablefmt="github", disable_numparse=True).splitlines()
+    names = [_cell(h) for h in headers]  # built from eval-set and metric names too
+    return tabulate(cells, names, tablefmt="github", disable_numparse=True).splitlines()
 
 
 def candidate_rows(results: list[CandidateResult], decision: Decision) -> list[dict]:
@@ -577,5 +578,8 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
     return lines
 
 
-def _cell(text: str) -> str:
-    return str(text).replace("|", "/").replace("\n", " ")
+def _cell(text: object) -> str:
+    """One table cell: its pipes and line breaks cannot break the row, and no control
+    character (a terminal escape in a name read from the record) reaches the report raw."""
+    text = str(text).replace("|", "/").replace("\n", " ")
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in text)

@@ -37,3 +37,19 @@ def test_canonical_keeps_what_differs():
     assert a != b and "startup_timeout_s" not in a
     assert _canonical(EvalConfig()) == _canonical(EvalConfig.model_validate({}))
     assert _canonical(LoadProfile(concurrencies=[2, 8])) != _canonical(LoadProfile())
+
+
+def test_a_stored_measurement_under_a_run_id_no_flow_makes_is_not_reused(home):
+    """The run id of a reused measurement is the report's text: a row naming markup or an
+    escape sequence as its run is measured again, not reused (issue 36, by a review)."""
+    from llm_release.decision import measurements
+    from llm_release.results import CandidateResult
+
+    result = CandidateResult(
+        name="champion", scheme="bf16", role="champion", status="measured", fingerprint="a" * 64
+    )
+    measurements.save(result, "20261205T183012Z-1a2b3c4d")
+    assert measurements.find("a" * 64) == (result, "20261205T183012Z-1a2b3c4d")
+    for forged in ("x\x1b[2J", "r | **approved**", "../../etc", ""):
+        measurements.save(result, forged)
+        assert measurements.find("a" * 64) is None, forged
