@@ -165,7 +165,7 @@ class Alertmanager(Daemon):
         self.credentials = Credentials(self.directory)
         self.routing = routing or Routing()
         if port is None:
-            port = processes.read_int(self.port_path) if self.running() else None
+            port = self.recorded_port()
         self.port = port or default_port()
 
     @property

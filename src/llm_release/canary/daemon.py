@@ -50,6 +50,24 @@ class Daemon:
     def running(self) -> bool:
         return self.pid() is not None
 
+    def recorded_port(self) -> int | None:
+        """The port its port file names while it runs (None when it does not). The file is
+        a state file, input like any, and clients send the server's credentials to that
+        port: one held by a process outside the server's own is refused in one line."""
+        pid = self.pid()
+        port = processes.read_int(self.port_path) if pid is not None else None
+        if port is None:
+            return None
+        others = processes.foreign_listeners(port, processes.tree(pid)) if 0 < port < 65536 else []
+        if not 0 < port < 65536 or others:
+            held = f" held by {', '.join(others)}" if others else ""
+            raise self.error(
+                f"{self.name}'s port file {self.port_path} names port {port}{held}, not its "
+                f"server's (pid {pid}): its credentials are not sent there",
+                hint="stop it ('make down') and start it again ('make up')",
+            )
+        return port
+
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

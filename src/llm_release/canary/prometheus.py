@@ -326,7 +326,7 @@ class Prometheus(Daemon):
         self.targets_dir = self.directory / "targets"
         self.scrape_interval_s = scrape_interval_s
         if port is None:
-            port = self._recorded_port() if self.running() else None
+            port = self.recorded_port()
         self.port = port or default_port()
 
     @property
@@ -348,9 +348,6 @@ class Prometheus(Daemon):
         return self.client.query(promql, at)
 
     # -- process -------------------------------------------------------------------------
-    def _recorded_port(self) -> int | None:
-        return processes.read_int(self.port_path)
-
     def _start(self, timeout_s: float) -> None:
         binary = shutil.which("prometheus")
         if binary is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import io
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +34,8 @@ from llm_release.hub.credentials import child_env
 from llm_release.serving import processes
 from llm_release.serving.serve import free_port
 from llm_release.settings import settings
+
+logger = logging.getLogger(__name__)
 
 BACKEND = "releases"
 SLOTS = ("stable", "canary")
@@ -279,8 +282,22 @@ class Router:
 
     @property
     def metrics_port(self) -> int | None:
-        """The port of HAProxy's Prometheus exporter, as recorded when it started."""
-        return processes.read_int(self.metrics_port_path)
+        """The port of HAProxy's Prometheus exporter, as recorded when it started; None
+        (logged) when another process than this HAProxy holds it: Prometheus scrapes it
+        with the servers' key, and the file is a state file like any."""
+        port = processes.read_int(self.metrics_port_path)
+        pid = self.pid()
+        if port is None or pid is None:
+            return port
+        others = processes.foreign_listeners(port, processes.tree(pid))
+        if others or not 0 < port < 65536:
+            logger.warning(
+                "HAProxy's recorded metrics port %s is held by %s, not HAProxy: not scraped",
+                port,
+                ", ".join(others) or "nothing valid",
+            )
+            return None
+        return port
 
     # -- process -------------------------------------------------------------------------
     def outdated(self) -> bool:
