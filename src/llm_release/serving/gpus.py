@@ -27,7 +27,7 @@ import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
@@ -46,13 +46,15 @@ log = logging.getLogger(__name__)
 class Claim(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    holder: str
-    gpus: list[int]
+    # A claim read back from the record is input: its texts reach errors and the Docker
+    # API, its indices the GPU choice; one that does not read is dropped (``_claims``).
+    holder: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,299}$")
+    gpus: list[Annotated[int, Field(ge=0, lt=1024)]] = Field(max_length=1024)
     backend: Literal["process", "docker"] = "process"
     # Who holds the GPUs: a process (pid and start time) or a container (id).
-    pid: int | None = None
+    pid: int | None = Field(None, ge=1, le=2**31)
     pid_started: float | None = None
-    container: str | None = None
+    container: str | None = Field(None, pattern=r"^[0-9a-f]{12,64}$")
     # the part of each of its GPUs' memory it holds (its gpu_memory_utilization)
     share: float = Field(1.0, gt=0, le=1)
 

@@ -84,6 +84,10 @@ def refusing_router(tmp_path):
         start_new_session=True,
     )
     router.pid_path.write_text(str(proc.pid))
+    # Until it has exec'd, its /proc cmdline is the forking test's: not yet HAProxy's.
+    deadline = time.monotonic() + 10
+    while router.pid() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     bound.bind(str(router.socket_path))  # a socket file nobody listens on
     yield router

@@ -290,10 +290,10 @@ def test_the_gpu_ledger_keeps_running_servers_apart(home):
     running.discard("candidate-a")
     running.add("candidate-b")
     assert gpus.claim("candidate-b", serving, host, alive=alive) == [2, 3]
-    gpus.bind("candidate-b", container="abc123")
+    gpus.bind("candidate-b", container="abc123def456")
     claims = gpus.ledger().claims
     assert {c.holder: c.gpus for c in claims} == {"stable": [0, 1], "candidate-b": [2, 3]}
-    assert [c.container for c in claims if c.holder == "candidate-b"] == ["abc123"]
+    assert [c.container for c in claims if c.holder == "candidate-b"] == ["abc123def456"]
     gpus.give_back("candidate-b")
     assert gpus.claim("canary", serving, host, alive=lambda c: True) == [2, 3]
     assert gpus.claim("cpu-only", serving, [], alive=alive) == []
@@ -486,3 +486,24 @@ def test_a_second_image_builder_waits_for_the_first(tmp_path, monkeypatch):
         pass
     assert said == []
     holder.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"holder": "x\x1b[2J"},
+        {"holder": "--privileged"},
+        {"gpus": [10**9]},
+        {"gpus": [-1]},
+        {"container": "../../containers/json"},
+        {"pid": 0},
+    ],
+)
+def test_a_gpu_claim_read_back_is_input(field):
+    """A claim of the record names a holder, GPU indices and a container as the pipeline
+    writes them, or it does not read (and the ledger drops it)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        gpus.Claim.model_validate({"holder": "stable-a@8001", "gpus": [0]} | field)
+    assert gpus.Claim(holder="candidate-run-1-fp8@8001", gpus=[0, 1], container="ab" * 32)

@@ -302,9 +302,15 @@ def test_a_recorded_folder_outside_the_model_folders_is_not_read(qwen3_dir, monk
     assert reasoning.releases_request_body([None, release(qwen3_dir, False)]) == {}
 
 
-def test_llm_release_traffic_to_the_router_carries_the_switch(qwen3_dir, home, capsys, own_models):
+def test_llm_release_traffic_to_the_router_carries_the_switch(
+    qwen3_dir, home, capsys, own_models, monkeypatch
+):
+    from llm_release.canary.router import Router
     from llm_release.cli import main
 
+    # The recording server stands in for HAProxy on the router's port; that only HAProxy
+    # gets the key there is tests/unit/canary/test_router_port.py's.
+    monkeypatch.setattr(Router, "check_port", lambda self: None)
     with RecordingOpenAI() as server:
         port = int(server.base_url.rsplit(":", 1)[1])
         # the router's port, as the registry records it: the recording server stands in
