@@ -14,6 +14,7 @@ from llm_release import registry
 from llm_release.canary.promote import release_alive
 from llm_release.config import ReleaseConfig
 from llm_release.decision import decisions
+from llm_release.reporting.lineage import shown
 from tasks.acquire import resolve_revision
 from tasks.states import completed_with_failures
 
@@ -51,8 +52,10 @@ def model_update(config: ReleaseConfig) -> UpdateOutcome:
         if judged is not None:
             return done(
                 "already-judged",
-                f"judged on {judged.at} in run {judged.run_id} with this config and these eval "
-                f"sets: {judged.verdict} — {judged.summary} (set force: true to judge again)",
+                # the record's texts, inert (a terminal's escapes, line breaks)
+                f"judged on {judged.at} in run {shown(judged.run_id)} with this config and "
+                f"these eval sets: {shown(judged.verdict)} — {shown(judged.summary)} (set "
+                "force: true to judge again)",
             )
     logger.info("%s@%s moved to %s: releasing", repo, config.source.revision, commit[:12])
     pinned = config.model_copy(
