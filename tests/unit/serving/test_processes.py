@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -70,6 +71,10 @@ def test_a_command_line_names_a_release_by_an_equal_argument_not_a_part_of_one(h
     victim = "stable-0123abcd-20261130000000"
     proc = subprocess.Popen([*SLEEP, "--served-model-name", "svc", victim])
     try:
+        # until it has exec'd, its /proc cmdline is the forking test's
+        deadline = time.monotonic() + 10
+        while victim not in psutil.Process(proc.pid).cmdline() and time.monotonic() < deadline:
+            time.sleep(0.05)
         started = processes.start_time(proc.pid)
         assert processes.is_same(proc.pid, started, cmdline_has=victim)
         assert processes.is_same(proc.pid, started, cmdline_has=("nope", victim))
