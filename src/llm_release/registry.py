@@ -10,6 +10,7 @@ record's first start on a project home (``record/legacy.py``).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -42,6 +43,7 @@ _RESTORE_HINT = (
 # pipe or angle bracket: the name goes into a model card's markdown table).
 _FILE_NAME = re.compile(r"[^\x00-\x1f\x7f`|<>]{1,1000}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_RECIPE_BYTES = 64 * 1024
 
 
 class Origin(BaseModel):
@@ -64,6 +66,16 @@ class Origin(BaseModel):
     files: dict[str, str] = Field(
         default_factory=dict, description="each file of the served folder -> its SHA-256"
     )
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe(cls, value: dict) -> dict:
+        """The recipe reaches the published card's metadata: bounded as the pipeline's own
+        are (a few hundred bytes; a recipe of megabytes is a probe, not a recipe)."""
+        size = len(json.dumps(value, default=str))
+        if size > MAX_RECIPE_BYTES:
+            raise ValueError(f"recipe: {size:,} bytes as JSON; at most {MAX_RECIPE_BYTES:,}")
+        return value
 
     @field_validator("files")
     @classmethod

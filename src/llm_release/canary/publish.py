@@ -93,7 +93,10 @@ def origin_of(model_dir: Path, scheme: str, *, hash_missing: bool = False) -> Or
         )
     except ValidationError as exc:  # a folder's record the pipeline did not write
         logger.warning("%s: its quantization record is not the pipeline's: %s", model_dir, exc)
-        return Origin(recipe=recipe)
+        try:
+            return Origin(recipe=recipe)
+        except ValidationError:  # the recipe itself is not one the pipeline wrote
+            return Origin()
 
 
 def lineage_of(release: Release) -> Lineage:

@@ -162,6 +162,7 @@ def test_the_registrys_own_numbers_out_of_range_are_refused_on_load(home, column
         {"files": {"a | b`": "a" * 64}},
         {"files": {"model.safetensors\n## x": "a" * 64}},
         {"files": {"model.safetensors": "z" * 64}},
+        {"recipe": {"ignore": ["lm_head"] * 20_000}},  # a card's metadata of 300 KB
     ],
 )
 def test_a_recorded_origin_holds_only_what_the_pipeline_writes(origin):
@@ -175,4 +176,5 @@ def test_a_recorded_origin_holds_only_what_the_pipeline_writes(origin):
         calibration_sha256="c" * 64,
         cache_key="9" * 64,
         files={"model.safetensors": "e" * 64, "sub/dir/tokenizer.json": "f" * 64},
+        recipe={"scheme": "W4A16", "group_size": 64, "ignore": ["lm_head"]},
     )
