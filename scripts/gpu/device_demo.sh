@@ -11,6 +11,8 @@
 #        'make demo' in its own session; wait for it up to SECONDS
 #   bash scripts/gpu/device_demo.sh wait SECONDS   wait for the demo again (a later trip)
 #
+# DEMO_CMD='...' runs instead of 'make demo' (e.g. a bench first: 'python bench/... ; make demo');
+# bench/results/*.jsonl come back with the rest.
 # DEMO_CONFIG=FILE DEMO_UPDATE_CONFIG=FILE (make demo's own knobs) pass through: on
 # 2026-12-05, with too little device time left for the whole demo, both were
 # configs/demo-gpu-update.json (no quantized candidates) to run promote, the canary walk and
@@ -37,6 +39,7 @@ finish() {
   cp /tmp/demo/steps.log "$OUT/" 2>/dev/null
   [ -f /tmp/demo/demo.log ] && tr '\r' '\n' < /tmp/demo/demo.log | grep -v -E 'it/s\]|s/it\]' > "$OUT/demo.log"
   [ -f /tmp/demo/setup.log ] && cp /tmp/demo/setup.log "$OUT/"
+  cp "$ROOT"/bench/results/*.jsonl "$OUT/" 2>/dev/null
   if [ -f /tmp/demo/rc ]; then
     # results, reports, logs and configs; no model files
     (cd "$ROOT" && find .llm-release .setup-logs -type f -size -8M \( -name '*.log' -o \
@@ -98,8 +101,9 @@ if [ ! -f /tmp/demo/started ]; then
   fi
   log "$(grep -E '^setup: (branch|host torch|done|[0-9]+ s)' /tmp/demo/setup.log | tr '\n' ' ' | cut -c1-600)"
   touch /tmp/demo/started
-  log "make demo (in its own session)${DEMO_CONFIG:+ DEMO_CONFIG=$DEMO_CONFIG}${DEMO_UPDATE_CONFIG:+ DEMO_UPDATE_CONFIG=$DEMO_UPDATE_CONFIG}"
-  setsid bash -c 'make demo > /tmp/demo/demo.log 2>&1; echo $? > /tmp/demo/rc' < /dev/null &
+  cmd=${DEMO_CMD:-make demo}
+  log "$cmd (in its own session)${DEMO_CONFIG:+ DEMO_CONFIG=$DEMO_CONFIG}${DEMO_UPDATE_CONFIG:+ DEMO_UPDATE_CONFIG=$DEMO_UPDATE_CONFIG}"
+  setsid bash -c "$cmd"' > /tmp/demo/demo.log 2>&1; echo $? > /tmp/demo/rc' < /dev/null &
 fi
 wait_demo
 finish
