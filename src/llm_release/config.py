@@ -515,6 +515,7 @@ class TuneConfig(StrictModel):
 
 
 LIVE_EVAL_CONCURRENCY = 4
+GPU_EVAL_CONCURRENCY = 1  # a batch of one: the only answers a GPU gives alike (concurrency())
 MAX_EVAL_CONCURRENCY = 64  # lm-eval opens a connection per request in flight
 
 
@@ -526,25 +527,36 @@ class EvalConfig(StrictModel):
         None,
         ge=1,
         le=1024,
-        description="requests lm-eval keeps in flight. Default: the candidate server's "
-        "max_num_seqs (at most 64), so the evaluation fills the batch the server was sized "
-        "for; 4 against the live stable release, which serves users",
+        description="requests lm-eval keeps in flight. Default: 1 against a server on a GPU "
+        "(a greedy answer there changes with the batch it shares, and the gates compare the "
+        "answers item by item); on a CPU the candidate server's max_num_seqs (at most 64), so "
+        "the evaluation fills the batch the server was sized for; 4 against the live stable "
+        "release, which serves users",
     )
     limit: int | None = Field(
         None, ge=1, le=10_000_000, description="evaluate only the first N items"
     )
 
-    def concurrency(self, serving: ServingConfig | None) -> int:
-        """In-flight requests against a server with ``serving`` (None: the live stable).
+    def concurrency(self, serving: ServingConfig | None, *, gpu: bool = False) -> int:
+        """In-flight requests against a server with ``serving`` (None: the live stable) that
+        runs on a GPU (``gpu``) or a CPU.
 
-        Measured on the demo's FP8 candidate (vLLM CPU, max_num_seqs 8, AMD EPYC with
-        native bf16): 20 eval items took 74 s at 8 in flight against 112-120 s at 4, with
-        the same scores; on a CPU without FP8 matmul every forward pays the dequantisation
-        once, whatever the batch."""
+        On a GPU, one at a time: greedy decoding there is not batch-invariant, so an item's
+        answer depends on what it shared a batch with, and a zero-margin gate failed on one
+        such item of the champion's own weights (docs/gpu-host.md). Measured with
+        bench/batch_invariance.py on an H100 (vLLM 0.26, SmolLM2-135M, the 80 items of
+        manufacturing_kb): 3-14 of 80 answers changed batched, with vLLM's batch-invariant
+        mode on or off and prefix caching on or off, and 0 of 80 asked alone of a second
+        server. On a CPU the answers did not change batched (0 of 4 each way), and the
+        evaluation fills the batch: on the demo's FP8 candidate (vLLM CPU, max_num_seqs 8,
+        AMD EPYC with native bf16) 20 eval items took 74 s at 8 in flight against 112-120 s
+        at 4, with the same scores."""
         if self.num_concurrent is not None:
             return self.num_concurrent
         if serving is None:
             return LIVE_EVAL_CONCURRENCY
+        if gpu:
+            return GPU_EVAL_CONCURRENCY
         return min(serving.max_num_seqs or CPU_MAX_NUM_SEQS, MAX_EVAL_CONCURRENCY)
 
     @field_validator("eval_sets")

@@ -136,6 +136,14 @@ def test_evaluation_fills_the_candidate_servers_batch_but_not_the_live_stables()
     assert EvalConfig(num_concurrent=2).concurrency(None) == 2
 
 
+def test_evaluation_on_a_gpu_asks_one_item_at_a_time_unless_the_run_says_otherwise():
+    # a GPU's greedy answer changes with its batch (bench/batch_invariance.py)
+    assert EvalConfig().concurrency(ServingConfig(max_num_seqs=256), gpu=True) == 1
+    assert EvalConfig().concurrency(ServingConfig(max_num_seqs=256), gpu=False) == 64
+    assert EvalConfig(num_concurrent=16).concurrency(ServingConfig(), gpu=True) == 16
+    assert EvalConfig().concurrency(None, gpu=True) == 4  # the live stable serves users
+
+
 def test_the_canary_is_held_to_the_error_ceiling_its_measurement_passed():
     config = ReleaseConfig.model_validate(
         {"source": {"repo_id": "org/m"}, "gates": {"max_error_rate": 0.002}}

@@ -84,7 +84,7 @@ def measure(
                     name,
                     evaluation.eval_sets,
                     out_dir / "eval",
-                    num_concurrent=evaluation.concurrency(server.serving),
+                    num_concurrent=evaluation.concurrency(server.serving, gpu=bool(server.gpus)),
                     limit=evaluation.limit,
                     request_body=request_body,
                 )

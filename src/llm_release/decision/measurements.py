@@ -65,6 +65,18 @@ def fingerprint(
     load: LoadProfile,
     host: HostSupport,
 ) -> str:
+    parts = depends_on(model_dir, serving, evaluation, load, host)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def depends_on(
+    model_dir: Path,
+    serving: ServingConfig,
+    evaluation: EvalConfig,
+    load: LoadProfile,
+    host: HostSupport,
+) -> dict:
+    """What a measurement depends on, as the fingerprint hashes it."""
     parts = {
         "model": _model_fingerprint(Path(model_dir)),
         "eval_sets": eval_sets_fingerprint(evaluation.eval_sets),
@@ -80,12 +92,16 @@ def fingerprint(
         },
         "host": host.host.key(),
     }
+    if host.host.cuda:
+        # Answers asked one at a time and asked batched differ on a GPU: a champion measured
+        # batched is measured again (EvalConfig.concurrency).
+        parts["evaluation_in_flight"] = evaluation.concurrency(serving, gpu=True)
     if serving.backend == "docker":
         from llm_release.serving.backends.docker import host_settings
 
         # The operator's image, shared memory and IPC namespace (LLM_RELEASE_DOCKER_*).
         parts["docker"] = host_settings().model_dump()
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return parts
 
 
 def _old_folder() -> Path:

@@ -53,3 +53,34 @@ def test_a_stored_measurement_under_a_run_id_no_flow_makes_is_not_reused(home):
     for forged in ("x\x1b[2J", "r | **approved**", "../../etc", ""):
         measurements.save(result, forged)
         assert measurements.find("a" * 64) is None, forged
+
+
+
+def test_on_a_gpu_host_how_many_items_the_evaluation_asks_at_once_is_part_of_the_fingerprint(
+    tmp_path, monkeypatch
+):
+    """A champion measured batched on a GPU (answers that depend on the batch) is measured
+    again one item at a time, not reused; a CPU host's fingerprint does not change."""
+    from llm_release.decision import measurements
+    from llm_release.serving.probe import HostSupport
+    from tests.unit.serving.test_probe import CPU, runtime
+
+    monkeypatch.setattr(measurements, "_model_fingerprint", lambda _: "m")
+    monkeypatch.setattr(measurements, "eval_sets_fingerprint", lambda _: {})
+
+    def parts(evaluation: EvalConfig, gpus: list[str]) -> dict:
+        host = HostSupport(
+            host=CPU.model_copy(update={"gpus": gpus}),
+            runtime=runtime(1, 2),
+            served_dtype="bfloat16",
+            dtype_reason="",
+            calibration_dtype="bfloat16",
+        )
+        args = (tmp_path, ServingConfig(max_num_seqs=256), evaluation, LoadProfile(), host)
+        assert measurements.fingerprint(*args) == measurements.fingerprint(*args)
+        return measurements.depends_on(*args)
+
+    gpu = ["NVIDIA H100 80GB HBM3"]
+    assert parts(EvalConfig(), gpu)["evaluation_in_flight"] == 1
+    assert parts(EvalConfig(num_concurrent=8), gpu)["evaluation_in_flight"] == 8
+    assert "evaluation_in_flight" not in parts(EvalConfig(), [])
