@@ -104,8 +104,8 @@ fleet-join: prefect-up
 	@export $(PREFECT_CLIENT) LLM_RELEASE_PROJECT=$(CURDIR); \
 	$(PY) -m flows.fleet join "$(HOST)" $(if $(GPUS),--gpus $(GPUS) --gpu-memory-gib $(GPU_MEMORY_GIB)) || exit 1; \
 	if ! { [ -f $(PIDS)/worker-$(HOST).pid ] && kill -0 $$(cat $(PIDS)/worker-$(HOST).pid) 2>/dev/null; }; then \
-	  PREFECT_WORKER_QUERY_SECONDS=3 setsid nohup .venv/bin/prefect worker start --pool llm-release \
-	    --work-queue "host-$(HOST)" --name "$(HOST)" >> $(LLM_RELEASE_HOME)/worker-$(HOST).log 2>&1 < /dev/null & \
+	  LLM_RELEASE_HOST_NAME="$(HOST)" PREFECT_WORKER_QUERY_SECONDS=3 setsid nohup .venv/bin/prefect worker start \
+	    --pool llm-release --work-queue "host-$(HOST)" --name "$(HOST)" >> $(LLM_RELEASE_HOME)/worker-$(HOST).log 2>&1 < /dev/null & \
 	  echo $$! > $(PIDS)/worker-$(HOST).pid; \
 	fi; \
 	echo "worker: pool llm-release, queue host-$(HOST) (log: $(LLM_RELEASE_HOME)/worker-$(HOST).log)"

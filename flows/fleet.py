@@ -7,8 +7,13 @@ A host joins by declaring itself and running a worker on a work queue of its own
   ``hardware.gpu_memory_gib``), or stated by the operator for a host being prepared;
 - its **queue** (``host-<name>`` in the ``llm-release`` work pool), whose description says
   the same in words, so the Prefect UI's work-pool page lists the hosts and their workers;
-- its **worker** (``prefect worker start --pool llm-release --work-queue host-<name>
-  --name <name>``): a flow run placed on the host's queue runs there and nowhere else.
+- its **worker** (``LLM_RELEASE_HOST_NAME=<name> prefect worker start --pool llm-release
+  --work-queue host-<name> --name <name>``): a flow run placed on the host's queue runs there
+  and nowhere else;
+- its **slots**: the Prefect limit ``llm-release-host-<name>``, one slot per GPU (one
+  without), that the runs of its worker take (``tasks/slots.py``: the worker's
+  ``LLM_RELEASE_HOST_NAME`` names it), so hosts sharing one Prefect server count their own
+  GPUs.
 
 Why a queue per host and not tags or job variables: a work queue is what a Prefect worker
 polls, so a run sent to ``host-<name>`` (``run_deployment(..., work_queue_name=...)``) is
@@ -72,6 +77,7 @@ class HostView(BaseModel):
     queue: str
     gpus: int
     gpu_memory_gib: list[float]
+    slots: int | None = Field(description="its slot limit now (None: missing)")
     worker: str = Field(description="ONLINE, OFFLINE, or 'none' (no worker has polled)")
     last_heartbeat: datetime | None = None
 
@@ -112,7 +118,8 @@ def read_card(name: str, gpus: int | None, gpu_memory_gib: float | None) -> Host
 
 def join(card: HostCard) -> str:
     """Declare ``card``'s host to the Prefect API: the pool (made when missing), the host's
-    queue with its description, and its card; the queue's name (what its worker polls)."""
+    queue with its description, its slot limit (one slot per GPU; an existing one is left as
+    the operator set it) and its card; the queue's name (what its worker polls)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -132,6 +139,9 @@ def join(card: HostCard) -> str:
         except ObjectAlreadyExists:
             (found,) = [q for q in client.read_work_queues(work_pool_name=POOL) if q.name == queue]
             client.update_work_queue(found.id, description=card.describe())
+    from tasks.slots import ensure_host_limit
+
+    ensure_host_limit(max(1, len(card.gpus)), host=card.name)
     Variable.set(VARIABLE_PREFIX + card.name, card.model_dump(mode="json"), overwrite=True)
     return queue
 
@@ -142,12 +152,15 @@ def hosts() -> list[HostView]:
     from prefect.exceptions import ObjectNotFound
     from prefect.variables import Variable
 
+    from tasks.slots import limit_name
+
     with get_client(sync_client=True) as client:
         try:
             queues = client.read_work_queues(work_pool_name=POOL)
         except ObjectNotFound:
             return []
         workers = {w.name: w for w in client.read_workers_for_work_pool(POOL)}
+        limits = {g.name: g.limit for g in client.read_global_concurrency_limits(limit=200)}
     views = []
     for queue in sorted(queues, key=lambda q: q.name):
         name = queue.name.removeprefix(QUEUE_PREFIX)
@@ -165,6 +178,7 @@ def hosts() -> list[HostView]:
                 queue=queue.name,
                 gpus=len(card.gpus) if card else 0,
                 gpu_memory_gib=sorted({g.memory_gib for g in card.gpus}) if card else [],
+                slots=limits.get(limit_name(name)),
                 worker=worker.status.value if worker else "none",
                 last_heartbeat=worker.last_heartbeat_time if worker else None,
             )
@@ -179,12 +193,13 @@ def table(views: list[HostView]) -> str:
             v.queue,
             v.gpus,
             ", ".join(f"{m:g}" for m in v.gpu_memory_gib) or "-",
+            "-" if v.slots is None else v.slots,
             v.worker,
             v.last_heartbeat.strftime("%Y-%m-%d %H:%M:%S UTC") if v.last_heartbeat else "-",
         ]
         for v in views
     ]
-    headers = ["host", "queue", "GPUs", "GiB each", "worker", "last heartbeat"]
+    headers = ["host", "queue", "GPUs", "GiB each", "slots", "worker", "last heartbeat"]
     return tabulate(rows, headers=headers) if rows else "no host has joined the fleet"
 
 
@@ -207,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             queue = join(card)
             print(f"{card.describe()}; queue {queue} of pool {POOL}")
             print(
-                f"start its worker: prefect worker start --pool {POOL} --work-queue {queue} "
-                f"--name {card.name}"
+                f"start its worker: LLM_RELEASE_HOST_NAME={card.name} prefect worker start "
+                f"--pool {POOL} --work-queue {queue} --name {card.name}"
             )
             return 0
         views = hosts()

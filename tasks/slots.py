@@ -1,9 +1,13 @@
-"""Host slots: one global concurrency limit, one slot per GPU (one on a CPU host), that every
+"""Host slots: one global concurrency limit per host, one slot per GPU (one on a CPU host), that every
 serving and quantizing step takes, so two runs on one host (a manual release beside the
 nightly one, a release started as a subflow of model-update) queue instead of skewing each
 other's measurements. A measurement holds as many slots as it needs GPUs, so candidates are
 measured side by side on disjoint GPUs (``serving.placement``); every other step holds all
-of them (it has the host to itself, as quantizing on GPU 0 needs)."""
+of them (it has the host to itself, as quantizing on GPU 0 needs).
+
+The limit is ``llm-release-host``; on a host of a fleet (``LLM_RELEASE_HOST_NAME``, set by
+``make fleet-join``) it is ``llm-release-host-<name>``, so hosts sharing one Prefect server
+count their own GPUs (docs/fleet.md)."""
 
 from __future__ import annotations
 
@@ -29,6 +33,12 @@ from llm_release.settings import settings
 HOST_LIMIT = "llm-release-host"
 
 
+def limit_name(host: str | None = None) -> str:
+    """The Prefect limit of ``host`` (default: this one, ``settings().host_name``)."""
+    name = host if host is not None else settings().host_name
+    return f"{HOST_LIMIT}-{name}" if name else HOST_LIMIT
+
+
 def lease_s() -> float:
     """How long a slot outlives a holder that died (SIGKILL, a lost host).
 
@@ -40,21 +50,23 @@ def lease_s() -> float:
     return settings().slot_lease_s
 
 
-def ensure_host_limit(slots: int | None = None) -> None:
+def ensure_host_limit(slots: int | None = None, host: str | None = None) -> None:
     """Create the host's limit when it is missing, one slot per GPU of this host by default
     (an existing one is left as the operator set it: `prefect gcl update llm-release-host
-    --limit N`, e.g. the GPUs that serving releases leave free)."""
+    --limit N`, e.g. the GPUs that serving releases leave free). ``host``: another host's
+    name (``fleet join`` makes the limit of the host it declares)."""
     if slots is None:
         slots = placement.host_slots(gpus.host_gpus())
+    name = limit_name(host)
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(HOST_LIMIT)
+            client.read_global_concurrency_limit_by_name(name)
             return
         except ObjectNotFound:
             pass
         try:
             client.create_global_concurrency_limit(
-                GlobalConcurrencyLimitCreate(name=HOST_LIMIT, limit=slots, active=True)
+                GlobalConcurrencyLimitCreate(name=name, limit=slots, active=True)
             )
         except ObjectAlreadyExists:
             pass  # another run created it first
@@ -65,7 +77,7 @@ def set_host_limit(slots: int) -> None:
     needs: bench/side_by_side.py; an operator runs `prefect gcl update`)."""
     with get_client(sync_client=True) as client:
         try:
-            client.delete_global_concurrency_limit_by_name(HOST_LIMIT)
+            client.delete_global_concurrency_limit_by_name(limit_name())
         except ObjectNotFound:
             pass
     ensure_host_limit(slots)
@@ -73,13 +85,14 @@ def set_host_limit(slots: int) -> None:
 
 def host_limit() -> int:
     """The host's slots (the limit as it is now)."""
+    name = limit_name()
     with get_client(sync_client=True) as client:
         try:
-            return client.read_global_concurrency_limit_by_name(HOST_LIMIT).limit
+            return client.read_global_concurrency_limit_by_name(name).limit
         except ObjectNotFound:
             raise ConfigError(
-                f"the host's concurrency limit {HOST_LIMIT!r} is missing",
-                hint=f"start a release (it creates it) or 'prefect gcl create {HOST_LIMIT} "
+                f"the host's concurrency limit {name!r} is missing",
+                hint=f"start a release (it creates it) or 'prefect gcl create {name} "
                 "--limit <GPUs of this host>'",
             ) from None
 
@@ -91,7 +104,8 @@ def host_slot(what: str, occupy: int | None = None) -> Iterator[None]:
     logger = get_run_logger()
     _quiet_taken_now()
     slots = occupy or host_limit()
-    logger.info("%s: waiting for a host slot (%d of %s)", what, slots, HOST_LIMIT)
+    name = limit_name()
+    logger.info("%s: waiting for a host slot (%d of %s)", what, slots, name)
     with ExitStack() as held:
         while True:
             # strict: a missing limit is an error, never a silent run without one (preflight
@@ -102,7 +116,7 @@ def host_slot(what: str, occupy: int | None = None) -> Iterator[None]:
             try:
                 held.enter_context(
                     concurrency(
-                        HOST_LIMIT,
+                        name,
                         occupy=slots,
                         lease_duration=lease_s(),
                         strict=True,

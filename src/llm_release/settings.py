@@ -346,6 +346,16 @@ class Settings(BaseSettings):
             "endpoint. Unset: 4200."
         ),
     )
+    host_name: str | None = Field(
+        None,
+        pattern=r"^[a-z][a-z0-9_]{0,39}$",
+        **_describe(
+            "This host's name in the fleet (what 'make fleet-join HOST=NAME' gave it; its "
+            "worker runs with it): its host slots are the Prefect limit "
+            "llm-release-host-NAME and its GPU claims in a shared record are its own. Unset: "
+            "one host, the limit llm-release-host (docs/fleet.md)."
+        ),
+    )
     slot_lease_s: float = Field(
         60.0,
         **_describe(

@@ -75,6 +75,17 @@ def listed(env: dict) -> dict[str, dict]:
     return {host["name"]: host for host in json.loads(out.stdout)}
 
 
+def slots_seen(env: dict, host: str | None) -> str:
+    """The limit a run of ``host``'s worker takes its slots from, and its size (or the
+    one-line error), as tasks.slots reads them with the worker's environment."""
+    code = "from tasks.slots import host_limit, limit_name; print(limit_name(), host_limit())"
+    run_env = env | ({"LLM_RELEASE_HOST_NAME": host} if host else {})
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=run_env, capture_output=True, text=True
+    )
+    return out.stdout.strip() if out.returncode == 0 else out.stderr.strip().splitlines()[-1]
+
+
 def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api, tmp_path):
     env = prefect_api
     joined = fleet(env, "join", "gpu_a", "--gpus", "2", "--gpu-memory-gib", "79.6")
@@ -85,6 +96,11 @@ def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api,
     assert sorted(hosts) == ["gpu_a", "gpu_b"]
     assert (hosts["gpu_a"]["gpus"], hosts["gpu_a"]["gpu_memory_gib"]) == (2, [79.6])
     assert hosts["gpu_b"]["queue"] == "host-gpu_b" and hosts["gpu_b"]["worker"] == "none"
+    # each host's slots are a limit of its own, one per GPU: what its worker's runs take
+    assert (hosts["gpu_a"]["slots"], hosts["gpu_b"]["slots"]) == (2, 1)
+    assert slots_seen(env, "gpu_a") == "llm-release-host-gpu_a 2"
+    assert slots_seen(env, "gpu_b") == "llm-release-host-gpu_b 1"
+    assert "create llm-release-host --limit" in slots_seen(env, None)  # one-host mode's
 
     # gpu_a's worker polls its queue alone; Prefect records it, and its heartbeats.
     worker = subprocess.Popen(
@@ -112,6 +128,7 @@ def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api,
     assert fleet(env, "join", "gpu_a", "--gpus", "4", "--gpu-memory-gib", "79.6").returncode == 0
     hosts = listed(env)
     assert hosts["gpu_a"]["gpus"] == 4 and len(hosts) == 2
+    assert hosts["gpu_a"]["slots"] == 2  # a limit that exists is left as the operator set it
 
 
 def test_bad_names_and_half_stated_gpus_are_one_line_before_the_api(prefect_api):

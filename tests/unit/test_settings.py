@@ -127,6 +127,7 @@ def test_settings_are_read_from_the_environment_at_each_call(monkeypatch):
         ("LLM_RELEASE_HUB_LOG", "loud", "is not a boolean"),
         ("LLM_RELEASE_PLAN_DEADLINE_S", "-1", r"not a number of seconds in \(0, 3600\]"),
         ("LLM_RELEASE_LOCAL_ROOTS", "models", "not an absolute path"),
+        ("LLM_RELEASE_HOST_NAME", "gpu-a/../x", "should match pattern"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, variable, value, says):
