@@ -55,7 +55,6 @@ def test_a_stored_measurement_under_a_run_id_no_flow_makes_is_not_reused(home):
         assert measurements.find("a" * 64) is None, forged
 
 
-
 def test_on_a_gpu_host_how_many_items_the_evaluation_asks_at_once_is_part_of_the_fingerprint(
     tmp_path, monkeypatch
 ):
