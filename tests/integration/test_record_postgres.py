@@ -431,6 +431,36 @@ def test_two_processes_claiming_the_last_free_gpu_have_one_winner(record_url, ho
         gpus.claim("third", ServingConfig(), [0, 1], alive=lambda c: True)
 
 
+def test_hosts_sharing_one_record_keep_to_their_own_gpu_claims(record_url, home, monkeypatch):
+    """Host A's claims name processes host B cannot see: B neither counts them against its
+    own GPUs nor drops them as dead, and a holder name A uses is refused to B."""
+    dead = {"alive": lambda c: False}  # every claim B can check looks dead from B
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_a")
+    assert gpus.claim("stable-x@20001", ServingConfig(), [0, 1]) == [0]
+    assert gpus.claim("canary-y@20002", ServingConfig(), [0, 1]) == [1]
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_b")
+    assert gpus.ledger().claims == []  # A's claims are not B's
+    assert gpus.claim("fp8-z@20003", ServingConfig(), [0, 1], **dead) == [0]  # B's GPU 0 free
+    with pytest.raises(ServeError, match="held by host gpu_a"):
+        gpus.claim("stable-x@20001", ServingConfig(), [0, 1], **dead)
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_a")
+    assert {c.holder: c.gpus for c in gpus.ledger().claims} == {
+        "stable-x@20001": [0],
+        "canary-y@20002": [1],
+    }
+    gpus.give_back("canary-y@20002")
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_b")
+    assert [(c.holder, c.host) for c in gpus.ledger().claims] == [("fp8-z@20003", "gpu_b")]
+    monkeypatch.delenv("LLM_RELEASE_HOST_NAME")  # the one host without a name: none of these
+    assert gpus.ledger().claims == []
+    with store.transaction(write=False) as session:
+        rows = session.query(GpuClaimRow).order_by(GpuClaimRow.holder).all()
+        assert [(r.holder, r.host) for r in rows] == [
+            ("fp8-z@20003", "gpu_b"),
+            ("stable-x@20001", "gpu_a"),
+        ]
+
+
 def test_a_writer_killed_mid_transaction_leaves_the_record_consistent(record_url, home):
     store.migrate(store.create(record_url))
     writer = _writer("baseline-killed", 600)

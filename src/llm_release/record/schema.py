@@ -174,6 +174,9 @@ class GpuClaimRow(Base):
     # the part of each GPU's memory it holds (its gpu_memory_utilization): servers share a
     # GPU while their shares add up to at most gpus.SHARE_CAP
     share: Mapped[float] = mapped_column(Float, server_default="1.0")
+    # the fleet host whose GPUs these are (settings().host_name; '': the one host): a host
+    # reads, prunes and writes only its own claims in a shared record
+    host: Mapped[str] = mapped_column(String(40), server_default="")
 
 
 class ImportRow(Base):

@@ -39,6 +39,7 @@ from llm_release.record import store
 from llm_release.record.schema import GpuClaimRow
 from llm_release.serving import processes
 from llm_release.serving.backends.docker_client import container_running
+from llm_release.settings import settings
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,8 @@ class Claim(BaseModel):
     container: str | None = Field(None, pattern=r"^[0-9a-f]{12,64}$")
     # the part of each of its GPUs' memory it holds (its gpu_memory_utilization)
     share: float = Field(1.0, gt=0, le=1)
+    # the fleet host whose GPUs these are ('': the one host without a name)
+    host: str = Field("", pattern=r"^([a-z][a-z0-9_]{0,39})?$")
 
 
 # Servers share a GPU while their shares add up to at most this: vLLM's own CUDA context and
@@ -192,30 +195,50 @@ def _claims(rows: list[GpuClaimRow]) -> list[Claim]:
     return claims
 
 
+def this_host() -> str:
+    """This host's name in the fleet ('' for the one host without a name): a record shared
+    by several hosts holds every host's claims, and each reads, prunes and writes its own
+    (its processes and containers are the only ones it can see alive)."""
+    return settings().host_name or ""
+
+
 @contextlib.contextmanager
 def _locked() -> Iterator[Ledger]:
-    """The ledger, locked to the end of the block (claimers take turns); written back on a
-    clean exit, left as it was when the block raises."""
+    """This host's ledger, locked to the end of the block (claimers take turns); written
+    back on a clean exit, left as it was when the block raises. Other hosts' claims are
+    left as they are; a holder name one of them uses is refused."""
+    host = this_host()
     with store.transaction() as session:
         rows = store.lock_gpu_claims(session)
-        ledger = Ledger(claims=_claims(rows))
+        mine = [r for r in rows if (r.host or "") == host]
+        foreign = {r.holder: r.host for r in rows if (r.host or "") != host}
+        ledger = Ledger(claims=_claims(mine))
         yield ledger
         kept = {c.holder: c for c in ledger.claims}
-        for row in rows:
+        taken = sorted(set(kept) & set(foreign))
+        if taken:
+            raise ServeError(
+                f"GPU claim {taken[0]!r} is held by host {foreign[taken[0]] or '(unnamed)'} "
+                "in the shared record",
+                hint="give every host of the fleet its own LLM_RELEASE_HOST_NAME "
+                "(make fleet-join HOST=NAME)",
+            )
+        for row in mine:
             if row.holder not in kept:
                 session.delete(row)
         session.flush()
         for c in kept.values():
-            session.merge(GpuClaimRow(**c.model_dump()))
+            session.merge(GpuClaimRow(**(c.model_dump() | {"host": host})))
         session.flush()
 
 
 def ledger() -> Ledger:
-    """Every claim as last committed (a read: it waits for no claimer)."""
+    """This host's claims as last committed (a read: it waits for no claimer)."""
     if store.missing() and not ledger_path().exists():
         return Ledger()  # nothing recorded, nothing to import: no record made
     with store.transaction(write=False) as session:
-        rows = session.execute(select(GpuClaimRow).order_by(GpuClaimRow.holder)).scalars()
+        query = select(GpuClaimRow).where(GpuClaimRow.host == this_host())
+        rows = session.execute(query.order_by(GpuClaimRow.holder)).scalars()
         return Ledger(claims=_claims(list(rows)))
 
 
