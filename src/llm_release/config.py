@@ -231,7 +231,8 @@ class ServingConfig(StrictModel):
         le=10_000_000,
         description="prompt + output tokens of a typical request, what a GPU server's default "
         "max_num_seqs is sized for (sizing/batch.py). None: the release's load profile's "
-        "(load.prompt_tokens + load.output_tokens); outside a release "
+        "(load.prompt_tokens + load.output_tokens, and a shared prefix's tokens where "
+        "prefix caching is off: each request then holds its own copy); outside a release "
         f"min(max_model_len, {DEFAULT_REQUEST_TOKENS})",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
@@ -896,7 +897,13 @@ class ReleaseConfig(StrictModel):
         # the batch size a GPU server gets by default is sized for the load the release is
         # measured with
         if self.serving.request_tokens is None:
-            self.serving.request_tokens = self.load.prompt_tokens + self.load.output_tokens
+            tokens = self.load.prompt_tokens + self.load.output_tokens
+            prefix = self.load.shared_prefix
+            if prefix is not None and not self.serving.enable_prefix_caching:
+                # without prefix caching every request holds its own copy of the prefix; with
+                # it the prefix's blocks are held once, by every request that shares them
+                tokens += prefix.tokens
+            self.serving.request_tokens = tokens
         return self
 
     @model_validator(mode="after")

@@ -295,3 +295,17 @@ def test_prompts_from_names_an_eval_set_and_shapes_no_synthetic_prompt():
         LoadProfile(prompts_from="kb", shared_prefix=SharedPrefix(tokens=64))
     with pytest.raises(ValidationError, match="neither shared_prefix nor turns"):
         LoadProfile(prompts_from="kb", turns=2)
+
+
+def test_a_gpu_servers_typical_request_counts_a_shared_prefix_only_without_prefix_caching():
+    load = {
+        "prompt_tokens": 512,
+        "output_tokens": 256,
+        "shared_prefix": {"tokens": 1024, "share": 0.9, "distinct": 4},
+    }
+    shared = ReleaseConfig.model_validate({"source": {"repo_id": "a/b"}, "load": load})
+    assert shared.serving.request_tokens == 768  # the prefix's blocks are held once
+    copies = ReleaseConfig.model_validate(
+        {"source": {"repo_id": "a/b"}, "load": load, "serving": {"enable_prefix_caching": False}}
+    )
+    assert copies.serving.request_tokens == 768 + 1024
