@@ -1,0 +1,133 @@
+"""A candidate handed from host to host through the hub (the fleet: docs/fleet.md).
+
+A candidate quantized on one host is measured on another. Nothing is copied by hand: the
+quantizing host publishes the candidate's folder once, as one commit of a repo of its own on
+the fleet's hub (``hand_over``: ``hub.publish.publish``, whose listing of that commit is read
+back against the bytes sent), and the measuring host downloads that commit as it downloads
+any model (``receive``: ``hub.acquire``, every file proven against the hub's listing), then
+checks the folder against the hashes the hand-over carried in the run's parameters, so a
+hub whose files changed between the two (or a forged listing) fails before anything is
+served. The caller leaves the quantization record home (``exclude``: it names the
+quantizing host's paths).
+
+A ``Handover`` arrives as a flow run's parameter, so it is input: its repo id, commit, paths
+and hashes are held to patterns before any request.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from llm_release.config import REPO_ID, SourceConfig
+from llm_release.errors import AcquireError
+from llm_release.fileio import sha256_file
+from llm_release.hub.acquire import TransferSettings, acquire
+from llm_release.hub.credentials import HubToken
+from llm_release.hub.publish import Lineage, PublishTarget, publish
+
+MAX_FILES = 10_000
+# a file of a model folder as the hub lists it: relative, no '..', no control characters
+FILE_PATH = re.compile(r"(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9_.][A-Za-z0-9_./-]{0,499}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_REPO_NAME = 96
+
+
+class Handover(BaseModel):
+    """Where a candidate went and what its files were when its host published them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo_id: str = Field(pattern=f"^{REPO_ID}$", max_length=MAX_REPO_NAME)
+    commit: str = Field(pattern=r"^[0-9a-f]{40}$")
+    endpoint: str = Field(max_length=2000)
+    files: dict[str, str] = Field(description="path: SHA-256, as published")
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value or len(value) > MAX_FILES:
+            raise ValueError(f"files: 1 to {MAX_FILES} paths")
+        for path, sha in value.items():
+            if not FILE_PATH.fullmatch(path) or not SHA256.fullmatch(sha):
+                raise ValueError(f"files: {ascii(path[:80])} is not a model file with its SHA-256")
+        return value
+
+
+def repo_for(org: str, upstream_repo: str, candidate: str, run_id: str) -> str:
+    """The hub repo a run's candidate is handed over in: one per candidate and run (a
+    publish replaces a repo's files), named so that a person reading the hub knows it."""
+    name = f"{upstream_repo.split('/')[-1]}-{candidate}-{run_id}".lower()
+    name = re.sub(r"[^a-z0-9_.-]+", "-", name).strip("-.")[: MAX_REPO_NAME - len(org) - 1]
+    repo = f"{org}/{name}"
+    if not re.fullmatch(REPO_ID, repo):
+        raise AcquireError(f"no hand-over repo name can be made of {ascii(repo[:120])}")
+    return repo
+
+
+def hand_over(
+    model_dir: Path,
+    target: PublishTarget,
+    *,
+    run_id: str,
+    candidate: str,
+    scheme: str,
+    upstream_repo: str,
+    upstream_commit: str,
+    exclude: tuple[str, ...] = (),
+) -> Handover:
+    """Publish the candidate's folder (``exclude`` aside) as one commit of
+    ``target.repo_id``; what a measuring host needs to fetch it and prove it."""
+    lineage = Lineage(
+        upstream_repo=upstream_repo,
+        upstream_commit=upstream_commit,
+        release_id=f"{candidate}-{run_id}",
+        candidate=candidate,
+        scheme=scheme,
+        run_id=run_id,
+    )
+    published = publish(model_dir, lineage, [], target, exclude=exclude)
+    return Handover(
+        repo_id=published.repo_id,
+        commit=published.commit,
+        endpoint=published.endpoint,
+        files=published.files,
+    )
+
+
+def receive(
+    handover: Handover,
+    *,
+    token: HubToken | None = None,
+    settings: TransferSettings | None = None,
+) -> Path:
+    """The handed-over candidate's folder on this host: downloaded at its commit (every file
+    proven against the hub's listing), then held to the hashes the hand-over carried."""
+    source = SourceConfig(
+        repo_id=handover.repo_id, revision=handover.commit, endpoint=handover.endpoint
+    )
+    acquired = acquire(source, token=token, settings=settings)
+    folder = acquired.model_dir
+    here = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    missing = sorted(set(handover.files) - here)
+    extra = sorted(here - set(handover.files))
+    changed = sorted(
+        path
+        for path, sha in handover.files.items()
+        if path in here and sha256_file(folder / path) != sha
+    )
+    if missing or extra or changed:
+        what = (
+            [f"missing {p}" for p in missing[:3]]
+            + [f"not published {p}" for p in extra[:3]]
+            + [f"changed {p}" for p in changed[:3]]
+        )
+        raise AcquireError(
+            f"{handover.repo_id}@{handover.commit[:12]} is not what its host handed over: "
+            + ", ".join(ascii(w)[1:-1] for w in what),
+            hint="the hub's files changed after the candidate was published: quantize and "
+            "hand it over again (the run's measurement of it is void)",
+        )
+    return folder
