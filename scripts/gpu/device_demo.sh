@@ -44,7 +44,7 @@ finish() {
     # results, reports, logs and configs; no model files
     (cd "$ROOT" && find .llm-release .setup-logs -type f -size -8M \( -name '*.log' -o \
       -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.cfg' -o -name '*.yml' \) \
-      -not -path '*/models/*' -not -path '*/candidates/*' -not -path '*/hub/*' -not -name 'config.json' \
+      -not -path '.llm-release/models/*' -not -path '.llm-release/candidates/*' -not -path '.llm-release/hub/*' -not -name 'config.json' \
       -not -name 'tokenizer*.json' -not -path '*/prefect/*' | tar -czf "$OUT/demo.tgz" -T -) 2>/dev/null
     ls -la "$OUT/demo.tgz" >> /tmp/demo/steps.log
   fi
