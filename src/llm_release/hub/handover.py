@@ -89,12 +89,7 @@ def hand_over(
         run_id=run_id,
     )
     published = publish(model_dir, lineage, [], target, exclude=exclude)
-    return Handover(
-        repo_id=published.repo_id,
-        commit=published.commit,
-        endpoint=published.endpoint,
-        files=published.files,
-    )
+    return Handover.model_validate(published.model_dump())  # held to a parameter's rules
 
 
 def receive(
