@@ -116,10 +116,11 @@ def read_card(name: str, gpus: int | None, gpu_memory_gib: float | None) -> Host
     )
 
 
-def join(card: HostCard) -> str:
+def join(card: HostCard) -> tuple[str, int]:
     """Declare ``card``'s host to the Prefect API: the pool (made when missing), the host's
     queue with its description, its slot limit (one slot per GPU; an existing one is left as
-    the operator set it) and its card; the queue's name (what its worker polls)."""
+    the operator set it) and its card; the queue's name (what its worker polls) and the
+    host's slots in force."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -141,9 +142,9 @@ def join(card: HostCard) -> str:
             client.update_work_queue(found.id, description=card.describe())
     from tasks.slots import ensure_host_limit
 
-    ensure_host_limit(max(1, len(card.gpus)), host=card.name)
+    slots = ensure_host_limit(max(1, len(card.gpus)), host=card.name)
     Variable.set(VARIABLE_PREFIX + card.name, card.model_dump(mode="json"), overwrite=True)
-    return queue
+    return queue, slots
 
 
 def hosts() -> list[HostView]:
@@ -219,8 +220,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "join":
             card = read_card(args.name, args.gpus, args.gpu_memory_gib)
-            queue = join(card)
+            from tasks.slots import limit_name
+
+            queue, slots = join(card)
             print(f"{card.describe()}; queue {queue} of pool {POOL}")
+            limit = limit_name(card.name)
+            wanted = max(1, len(card.gpus))
+            print(
+                f"slots: {limit} = {slots}"
+                + (
+                    f" (kept as it was set; the card has {wanted} GPU(s): "
+                    f"'prefect gcl update {limit} --limit {wanted}' to follow it)"
+                    if slots != wanted
+                    else ""
+                )
+            )
             print(
                 f"start its worker: LLM_RELEASE_HOST_NAME={card.name} prefect worker start "
                 f"--pool {POOL} --work-queue {queue} --name {card.name}"

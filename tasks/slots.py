@@ -50,26 +50,26 @@ def lease_s() -> float:
     return settings().slot_lease_s
 
 
-def ensure_host_limit(slots: int | None = None, host: str | None = None) -> None:
+def ensure_host_limit(slots: int | None = None, host: str | None = None) -> int:
     """Create the host's limit when it is missing, one slot per GPU of this host by default
     (an existing one is left as the operator set it: `prefect gcl update llm-release-host
-    --limit N`, e.g. the GPUs that serving releases leave free). ``host``: another host's
-    name (``fleet join`` makes the limit of the host it declares)."""
+    --limit N`, e.g. the GPUs that serving releases leave free); the limit in force.
+    ``host``: another host's name (``fleet join`` makes the limit of the host it declares)."""
     if slots is None:
         slots = placement.host_slots(gpus.host_gpus())
     name = limit_name(host)
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
-            return
+            return client.read_global_concurrency_limit_by_name(name).limit
         except ObjectNotFound:
             pass
         try:
             client.create_global_concurrency_limit(
                 GlobalConcurrencyLimitCreate(name=name, limit=slots, active=True)
             )
-        except ObjectAlreadyExists:
-            pass  # another run created it first
+        except ObjectAlreadyExists:  # another run created it first
+            return client.read_global_concurrency_limit_by_name(name).limit
+    return slots
 
 
 def set_host_limit(slots: int) -> None:

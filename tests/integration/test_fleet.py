@@ -91,6 +91,7 @@ def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api,
     joined = fleet(env, "join", "gpu_a", "--gpus", "2", "--gpu-memory-gib", "79.6")
     assert joined.returncode == 0, joined.stderr
     assert "llm-release host gpu_a: 2 GPU × 79.6 GiB (stated); queue host-gpu_a" in joined.stdout
+    assert "slots: llm-release-host-gpu_a = 2\n" in joined.stdout
     assert fleet(env, "join", "gpu_b", "--gpus", "1", "--gpu-memory-gib", "139.8").returncode == 0
     hosts = listed(env)
     assert sorted(hosts) == ["gpu_a", "gpu_b"]
@@ -125,7 +126,10 @@ def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api,
         stop_process_group(worker.pid, grace_s=10)
 
     # Joining again updates the card; the queue stays one.
-    assert fleet(env, "join", "gpu_a", "--gpus", "4", "--gpu-memory-gib", "79.6").returncode == 0
+    again = fleet(env, "join", "gpu_a", "--gpus", "4", "--gpu-memory-gib", "79.6")
+    assert again.returncode == 0, again.stderr
+    assert "slots: llm-release-host-gpu_a = 2 (kept as it was set" in again.stdout
+    assert "prefect gcl update llm-release-host-gpu_a --limit 4" in again.stdout
     hosts = listed(env)
     assert hosts["gpu_a"]["gpus"] == 4 and len(hosts) == 2
     assert hosts["gpu_a"]["slots"] == 2  # a limit that exists is left as the operator set it
