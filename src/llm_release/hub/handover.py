@@ -16,6 +16,7 @@ and hashes are held to patterns before any request.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -23,7 +24,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llm_release.config import REPO_ID, SourceConfig
 from llm_release.errors import AcquireError
-from llm_release.fileio import sha256_file
 from llm_release.hub.acquire import TransferSettings, acquire
 from llm_release.hub.credentials import HubToken
 from llm_release.hub.publish import Lineage, PublishTarget, publish
@@ -104,15 +104,13 @@ def receive(
         repo_id=handover.repo_id, revision=handover.commit, endpoint=handover.endpoint
     )
     acquired = acquire(source, token=token, settings=settings)
-    folder = acquired.model_dir
-    here = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-    missing = sorted(set(handover.files) - here)
-    extra = sorted(here - set(handover.files))
-    changed = sorted(
-        path
-        for path, sha in handover.files.items()
-        if path in here and sha256_file(folder / path) != sha
-    )
+    # acquire hashed every file as it proved it and wrote the hashes in its manifest: read
+    # them there rather than hashing the weights a second time
+    entries = json.loads(acquired.manifest_path.read_text())["files"]
+    here = {e["path"]: e["sha256"] for e in entries}
+    missing = sorted(set(handover.files) - set(here))
+    extra = sorted(set(here) - set(handover.files))
+    changed = sorted(p for p, sha in handover.files.items() if p in here and here[p] != sha)
     if missing or extra or changed:
         what = (
             [f"missing {p}" for p in missing[:3]]
@@ -125,4 +123,4 @@ def receive(
             hint="the hub's files changed after the candidate was published: quantize and "
             "hand it over again (the run's measurement of it is void)",
         )
-    return folder
+    return acquired.model_dir
