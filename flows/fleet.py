@@ -62,6 +62,11 @@ class HostCard(BaseModel):
     source: str = Field(description="'nvidia-smi' (read on the host) or 'stated'")
     declared_at: datetime
 
+    @property
+    def slots(self) -> int:
+        """Its host slots: one per GPU, one without a GPU."""
+        return max(1, len(self.gpus))
+
     def describe(self) -> str:
         if not self.gpus:
             return f"llm-release host {self.name}: no GPU ({self.source})"
@@ -142,7 +147,7 @@ def join(card: HostCard) -> tuple[str, int]:
             client.update_work_queue(found.id, description=card.describe())
     from tasks.slots import ensure_host_limit
 
-    slots = ensure_host_limit(max(1, len(card.gpus)), host=card.name)
+    slots = ensure_host_limit(card.slots, host=card.name)
     Variable.set(VARIABLE_PREFIX + card.name, card.model_dump(mode="json"), overwrite=True)
     return queue, slots
 
@@ -225,13 +230,12 @@ def main(argv: list[str] | None = None) -> int:
             queue, slots = join(card)
             print(f"{card.describe()}; queue {queue} of pool {POOL}")
             limit = limit_name(card.name)
-            wanted = max(1, len(card.gpus))
             print(
                 f"slots: {limit} = {slots}"
                 + (
-                    f" (kept as it was set; the card has {wanted} GPU(s): "
-                    f"'prefect gcl update {limit} --limit {wanted}' to follow it)"
-                    if slots != wanted
+                    f" (kept as it was set; the card has {card.slots} slot(s): "
+                    f"'prefect gcl update {limit} --limit {card.slots}' to follow it)"
+                    if slots != card.slots
                     else ""
                 )
             )
