@@ -29,6 +29,14 @@ if [ ! -x .venv-vllm/bin/python ]; then
 fi
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
+# DEBUG: vLLM's profiling breakdown (weights, torch peak, non-torch, CUDA-graph estimate)
+export VLLM_LOGGING_LEVEL=DEBUG
+[ -f "$OUT/device.json" ] || .venv-vllm/bin/python -c '
+import json, torch
+p = torch.cuda.get_device_properties(0)
+print(json.dumps({"name": p.name, "total_memory": p.total_memory, "capability": list(torch.cuda.get_device_capability(0))}))' \
+  > "$OUT/device.json" 2>/dev/null
+ROW_LIMIT_S=${ROW_LIMIT_S:-300}
 for row in "$@"; do
   IFS=: read -r shape len util flags <<< "$row"
   name="${shape}-${len}-${util}${flags:+-$(echo "$flags" | tr -c 'a-z0-9' '_')}"
@@ -39,9 +47,11 @@ for row in "$@"; do
     --max-model-len "$len" --gpu-memory-utilization "$util" --port 8199 $flags \
     > "$OUT/$name.log" 2>&1 &
   pid=$!
-  until grep -q "Maximum concurrency" "$OUT/$name.log" || ! kill -0 $pid 2>/dev/null; do sleep 2; done
+  t0=$(date +%s)
+  until grep -q "Maximum concurrency" "$OUT/$name.log" || ! kill -0 $pid 2>/dev/null ||
+    [ $(($(date +%s) - t0)) -gt "$ROW_LIMIT_S" ]; do sleep 2; done
   kill -- -$pid 2>/dev/null; sleep 3; kill -9 -- -$pid 2>/dev/null; wait $pid 2>/dev/null
-  line=$(grep -E "KV cache size|Maximum concurrency|Available KV cache memory|GPU blocks" "$OUT/$name.log" | tr '\n' ' ' | cut -c1-900)
+  line=$(grep -E "KV cache size|Maximum concurrency|Available KV cache memory|GPU blocks|Model loading took|torch peak|non-torch|CUDA graph|cudagraph memory|Memory profiling|Error|error:" "$OUT/$name.log" | grep -v "^DEBUG.*Traceback" | tr '\n' ' ' | cut -c1-3000)
   printf '{"row": "%s", "shape": "%s", "max_model_len": %s, "gpu_memory_utilization": %s, "flags": "%s", "lines": "%s"}\n' \
     "$name" "$shape" "$len" "$util" "$flags" "$(echo "$line" | tr -d '"\\')" >> "$OUT/sizing.jsonl"
   log "done $name: $(grep -o 'KV cache size: [0-9,]* tokens' "$OUT/$name.log" | head -1)"
