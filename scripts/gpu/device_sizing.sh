@@ -51,7 +51,7 @@ for row in "$@"; do
   until grep -q "Maximum concurrency" "$OUT/$name.log" || ! kill -0 $pid 2>/dev/null ||
     [ $(($(date +%s) - t0)) -gt "$ROW_LIMIT_S" ]; do sleep 2; done
   kill -- -$pid 2>/dev/null; sleep 3; kill -9 -- -$pid 2>/dev/null; wait $pid 2>/dev/null
-  line=$(grep -E "KV cache size|Maximum concurrency|Available KV cache memory|GPU blocks|Model loading took|torch peak|non-torch|CUDA graph|cudagraph memory|Memory profiling|Error|error:" "$OUT/$name.log" | grep -v "^DEBUG.*Traceback" | tr '\n' ' ' | cut -c1-3000)
+  line=$(grep -E "KV cache size|Maximum concurrency|Available KV cache memory|GPU blocks|Model loading took|torch peak|non-torch|CUDA graph|cudagraph memory|Memory profiling|Total non KV|is equivalent to|Setting attention block size|Initializing a V1|Error|error:" "$OUT/$name.log" | grep -v "^DEBUG.*Traceback" | tr '\n' ' ' | cut -c1-3000)
   printf '{"row": "%s", "shape": "%s", "max_model_len": %s, "gpu_memory_utilization": %s, "flags": "%s", "lines": "%s"}\n' \
     "$name" "$shape" "$len" "$util" "$flags" "$(echo "$line" | tr -d '"\\')" >> "$OUT/sizing.jsonl"
   log "done $name: $(grep -o 'KV cache size: [0-9,]* tokens' "$OUT/$name.log" | head -1)"
