@@ -1,0 +1,93 @@
+"""The sizing matrix (issue 35): every row vLLM measured on a GPU from a shape's config.json
+alone (docs/gpu-sizing-*.jsonl, scripts/gpu/device_sizing.sh) against what `llm-release plan`
+gives today on a header-only stand-in of the same shape, so that a change to the planner is
+checked against all of them on a CPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+
+import sizing_matrix  # noqa: E402
+from standins import write_standin  # noqa: E402
+
+from llm_release.hub import hub_headers  # noqa: E402
+
+TOLERANCE = 0.005  # within 0.5% of vLLM
+ABOVE = 0.0025  # and never more than 0.25% above it (a promise vLLM does not keep)
+
+
+def _rows() -> list[dict]:
+    rows = []
+    for path in sorted((ROOT / "docs").glob("gpu-sizing-*.jsonl")):
+        rows += [json.loads(line) | {"file": path.name} for line in path.read_text().splitlines()]
+    return rows
+
+
+ROWS = _rows()
+
+
+def _id(row: dict) -> str:
+    s = row["settings"]
+    return f"{row['model']}-{s['max_model_len']}-{s['gpu_memory_utilization']}-{s['flags']}"
+
+
+def test_the_matrix_covers_every_family_and_setting():
+    assert len(ROWS) >= 12
+    assert {r["family"] for r in ROWS} >= {
+        "dense",
+        "dense-fp8",
+        "dense-w4a16",
+        "moe",
+        "sliding-window",
+        "hybrid-linear-moe",
+        "mla-moe",
+    }
+    settings = [r["settings"] for r in ROWS]
+    assert {s["gpu_memory_utilization"] for s in settings} >= {0.5, 0.9}
+    assert {s["max_model_len"] for s in settings} >= {8192, 32768}
+    flags = [s["flags"] for s in settings]
+    assert any("--max-num-seqs" in f for f in flags) and any("--max-num-seqs" not in f for f in flags)
+    assert any("--enforce-eager" in f for f in flags) and any("--enforce-eager" not in f for f in flags)
+    assert any("--kv-cache-dtype fp8" in f for f in flags)
+
+
+@pytest.mark.parametrize("row", ROWS, ids=_id)
+def test_the_planner_is_within_half_a_percent_of_vllm_and_not_above_it(row, home):
+    s = row["settings"]
+    got = sizing_matrix.planner_row(
+        row["model"],
+        s["max_model_len"],
+        s["gpu_memory_utilization"],
+        s["flags"],
+        row["gpu_total_bytes"],
+        row["vllm_version"],
+    )
+    for planner, vllm in (
+        (got["kv_tokens_planner"], row["kv_tokens_vllm"]),
+        (got["max_concurrency_planner"], row["max_concurrency_vllm"]),
+    ):
+        error = planner / vllm - 1
+        assert -TOLERANCE <= error <= ABOVE, (
+            f"planner {planner:,} against vLLM {vllm:,} ({error:+.3%}); notes {got['planner_notes']}"
+        )
+
+
+def test_a_stand_in_reads_back_as_its_table(tmp_path):
+    """The header-only stand-in is what the planner reads: every tensor of the table, with the
+    bytes it promises, and no disk taken for them."""
+    table = json.loads((sizing_matrix.TABLES / "llama3.1-8b-w4a16.tensors.json").read_text())
+    config = json.loads((sizing_matrix.SHAPES / "llama3.1-8b-w4a16" / "config.json").read_text())
+    path = write_standin(config, table, tmp_path / "m")
+    files = hub_headers.read_local(tmp_path / "m")
+    assert set(files.tensors) == set(table)
+    assert files.tensors["model.layers.0.mlp.down_proj.weight_packed"].dtype == "I32"
+    promised = sum(t.nbytes for t in files.tensors.values())
+    assert path.stat().st_size > promised > 5 * 2**30  # 4-bit Llama-3.1-8B: over 5 GiB
+    assert path.stat().st_blocks * 512 < 2**20  # sparse
