@@ -28,7 +28,12 @@ TABLES = ROOT / "tests" / "unit" / "data" / "gpu" / "shapes"
 GiB = 2**30
 # plan options that take a value / that are switches, as `llm-release plan` spells them
 PLAN_VALUE_FLAGS = {"--max-num-seqs", "--kv-cache-dtype", "--max-num-batched-tokens", "--dtype"}
-PLAN_SWITCHES = {"--enforce-eager", "--no-enable-prefix-caching", "--enable-prefix-caching"}
+PLAN_SWITCHES = {
+    "--enforce-eager",
+    "--no-enable-prefix-caching",
+    "--enable-prefix-caching",
+    "--language-model-only",
+}
 
 
 def family(config: dict) -> str:

@@ -502,6 +502,8 @@ def plan_settings(args: argparse.Namespace) -> dict:
         ),
         "max_num_seqs": given("max_num_seqs", serving.max_num_seqs),
         "enforce_eager": given("enforce_eager", file_eager),
+        "language_model_only": given("language_model_only", "--language-model-only" in extra),
+        "speculative_mtp": serving.speculation is not None and serving.speculation.method == "mtp",
         "unmodelled": unmodelled_settings(extra),
     }
 
@@ -513,7 +515,7 @@ def model_maximum_note(planner, files, request, result, args) -> str | None:
     try:
         at_max = planner.plan(
             planner.parse_config(files.config),
-            planner.weights_from_tensors(files.tensors),
+            planner.served_weights(files.tensors, files.config, request),
             request.model_copy(update={"max_model_len": None}),
             model=args.model,
         )
@@ -667,13 +669,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         max_num_batched_tokens=chosen["max_num_batched_tokens"],
         max_num_seqs=chosen["max_num_seqs"],
         enforce_eager=chosen["enforce_eager"],
+        language_model_only=chosen["language_model_only"],
+        speculative_mtp=chosen["speculative_mtp"],
         unmodelled=chosen["unmodelled"],
         mamba_ssm_dtype=planner.cpu_ssm_dtype_for_host() if args.cpu_kvcache_gib else "auto",
     )
     request = corrections.apply(request, args.vllm_version or corrections.runtime_vllm_version())
     result = planner.plan(
         planner.parse_config(files.config),
-        planner.weights_from_tensors(files.tensors),
+        planner.served_weights(files.tensors, files.config, request),
         request,
         model=args.model,
     )
@@ -862,6 +866,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="vLLM without CUDA graphs; default: --config's serving.enforce_eager (or its "
         "extra_args), else off",
+    )
+    plan.add_argument(
+        "--language-model-only",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM serving a multimodal model's language part only: its vision tower's "
+        "weights are not loaded; default: --config's extra_args, else off",
     )
     plan.add_argument(
         "--vllm-version",

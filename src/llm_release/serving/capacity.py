@@ -61,10 +61,11 @@ def plan_release(
 ) -> planner.CapacityPlan:
     """The plan for the release's serving settings; raises when one sequence cannot fit."""
     dtype = served_dtype(config.serving.dtype, host, files.config)
+    request = _request(config.serving, host, dtype)
     result = planner.plan(
         planner.parse_config(files.config),
-        planner.weights_from_tensors(files.tensors),
-        _request(config.serving, host, dtype),
+        planner.served_weights(files.tensors, files.config, request),
+        request,
         model=config.source.repo_id,
     )
     if not result.fits:
@@ -160,12 +161,13 @@ def plan_for_dir(
         )
     dtype = served_dtype(serving.dtype, host, files.config)
     arch = planner.parse_config(files.config)
+    request = _request(serving, host, dtype)
     weights = (
-        planner.weights_from_tensors(files.tensors)
+        planner.served_weights(files.tensors, files.config, request)
         if files.tensors
         else planner.estimate_weights(arch, "bf16")
     )
-    return planner.plan(arch, weights, _request(serving, host, dtype))
+    return planner.plan(arch, weights, request)
 
 
 def resolve_batch(model_dir: Path, serving: ServingConfig, host: Hardware) -> ServingConfig:

@@ -99,6 +99,7 @@ from llm_release.sizing.planner import (
     online_fp8_weights,
     plan,
     request_for_serving,
+    served_weights,
 )
 from llm_release.sizing.weights import (
     ParamCounts,
@@ -161,6 +162,7 @@ __all__ = [
     "online_fp8_weights",
     "plan",
     "request_for_serving",
+    "served_weights",
     "ParamCounts",
     "TensorInfo",
     "WeightBytes",

@@ -24,7 +24,12 @@ from llm_release.sizing.kv import (
     kv_layout,
     seeds_kv_bytes_per_token,
 )
-from llm_release.sizing.weights import WeightBytes, estimate_params
+from llm_release.sizing.weights import (
+    TensorInfo,
+    WeightBytes,
+    estimate_params,
+    weights_from_tensors,
+)
 
 # ---------------------------------------------------------------- the plan
 
@@ -64,6 +69,12 @@ class PlanRequest(Record):
         "the planner's fitted sampler allowance (PLANNED_SAMPLER_ROWS)",
     )
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")
+    language_model_only: bool = Field(
+        False, description="vLLM --language-model-only: a multimodal model's tower not loaded"
+    )
+    speculative_mtp: bool = Field(
+        False, description="speculative decoding by the model's MTP layers: they are loaded"
+    )
     vllm_version: str | None = Field(
         None,
         description="the serving vLLM's version (corrections.apply sets it): which model "
@@ -391,12 +402,27 @@ def request_for_serving(
             max_num_batched_tokens=int(batched) if batched else None,
             max_num_seqs=getattr(serving, "max_num_seqs", None),
             enforce_eager=eager,
+            language_model_only="--language-model-only" in args,
+            speculative_mtp=speculation is not None and speculation.method == "mtp",
             unmodelled=unmodelled,
             block_size=int(block) if block else None,
             async_scheduling=asynchronous,
         )
     except ValueError as exc:
         raise ConfigError(f"serving arguments the planner cannot read: {exc}") from exc
+
+
+def served_weights(
+    tensors: dict[str, TensorInfo], config: dict, request: PlanRequest
+) -> WeightBytes:
+    """The weights vLLM loads from a checkpoint's tensors for ``request``'s settings (MTP
+    layers only with MTP speculation, a vision tower not under --language-model-only)."""
+    return weights_from_tensors(
+        tensors,
+        config,
+        language_model_only=request.language_model_only,
+        speculative_mtp=request.speculative_mtp,
+    )
 
 
 def online_fp8_weights(arch: ModelArch, weights: WeightBytes) -> WeightBytes:
@@ -564,6 +590,11 @@ def plan(
         for note in layout.notes:
             if note not in notes:
                 notes.append(note)
+    for what, nbytes in weights.left_out.items():
+        notes.append(
+            f"{nbytes / GiB:.2f} GiB of the checkpoint's {what}: not loaded by vLLM, not "
+            "counted in the weights"
+        )
     if request.device == "gpu" and request.overhead_note and request.non_kv_overhead_gib is None:
         notes.append(request.overhead_note)
     for setting in request.unmodelled:

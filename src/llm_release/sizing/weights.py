@@ -23,6 +23,11 @@ class WeightBytes(Record):
     by_dtype: dict[str, int] = Field(default_factory=dict)
     replicated_bytes: int = Field(0, description="1-D tensors (norms, biases): on every rank")
     tensors: int = 0
+    left_out: dict[str, int] = Field(
+        default_factory=dict,
+        description="checkpoint tensors vLLM does not load for these serving settings: what "
+        "they are -> bytes (not in total_bytes)",
+    )
 
     def per_gpu(self, tp: int) -> int:
         return (self.total_bytes - self.replicated_bytes) // tp + self.replicated_bytes
@@ -37,7 +42,78 @@ class TensorInfo(Record):
         return int(math.prod(self.shape) * DTYPE_BYTES[self.dtype])
 
 
-def weights_from_tensors(tensors: dict[str, TensorInfo]) -> WeightBytes:
+# Checkpoint tensors a vLLM server does not load (vLLM 0.26 and 0.32 alike):
+# - the multi-token-prediction layers, unless speculative decoding with method "mtp" serves
+#   them (then its drafter loads them): Qwen3-Next / Qwen3.5 skip "mtp." (models/qwen3_next.py
+#   and qwen3_5.py load_weights, skip_prefixes=["mtp."]); LongCat-Flash's "model.mtp";
+#   DeepSeek-V3, GLM-4.5 and their kin store them as the layers after the last,
+#   "model.layers.{num_hidden_layers + i}." for i < num_nextn_predict_layers
+#   (models/utils.py get_spec_layer_idx_from_weight_name);
+# - a multimodal model's vision tower and projector under --language-model-only: its
+#   modalities' limits are 0, and interfaces.py _mark_tower_model builds the tower modules
+#   as placeholders with no weights.
+MTP_PREFIXES = ("mtp.", "model.mtp.")
+VISION_PREFIXES = tuple(
+    p + name
+    for p in ("", "model.")
+    for name in ("visual.", "vision_tower.", "vision_model.", "multi_modal_projector.")
+)
+
+
+def _mtp_layer_prefixes(config: dict) -> tuple[str, ...]:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    layers, extra = text.get("num_hidden_layers"), text.get("num_nextn_predict_layers")
+    if not (isinstance(layers, int) and isinstance(extra, int)) or extra <= 0 or extra > 64:
+        return ()
+    return tuple(f"{root}layers.{layers + i}." for i in range(extra) for root in ("model.", ""))
+
+
+def served_tensors(
+    tensors: dict[str, TensorInfo],
+    config: dict,
+    *,
+    language_model_only: bool = False,
+    speculative_mtp: bool = False,
+) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """The tensors vLLM loads for these settings, and the bytes of those it leaves out by
+    kind ('MTP layers', 'vision tower'). Rules above (MTP_PREFIXES, VISION_PREFIXES)."""
+    skip: dict[str, tuple[str, ...]] = {}
+    if not speculative_mtp:
+        skip["MTP layers (no MTP speculation)"] = MTP_PREFIXES + _mtp_layer_prefixes(config)
+    if language_model_only:
+        skip["vision tower (--language-model-only)"] = VISION_PREFIXES
+    kept: dict[str, TensorInfo] = {}
+    left: dict[str, int] = {}
+    for name, info in tensors.items():
+        what = next((k for k, prefixes in skip.items() if name.startswith(prefixes)), None)
+        if what is None:
+            kept[name] = info
+        else:
+            left[what] = left.get(what, 0) + info.nbytes
+    return kept, left
+
+
+def weights_from_tensors(
+    tensors: dict[str, TensorInfo],
+    config: dict | None = None,
+    *,
+    language_model_only: bool = False,
+    speculative_mtp: bool = False,
+) -> WeightBytes:
+    """The weights vLLM holds for a checkpoint's tensor table; with the checkpoint's
+    ``config``, only the tensors it loads for these settings (served_tensors)."""
+    left: dict[str, int] = {}
+    if config is not None:
+        tensors, left = served_tensors(
+            tensors,
+            config,
+            language_model_only=language_model_only,
+            speculative_mtp=speculative_mtp,
+        )
+    return _sum_tensors(tensors).model_copy(update={"left_out": left})
+
+
+def _sum_tensors(tensors: dict[str, TensorInfo]) -> WeightBytes:
     by_dtype: dict[str, int] = {}
     replicated = 0
     for info in tensors.values():

@@ -1,0 +1,108 @@
+"""The weights vLLM loads from a checkpoint: MTP layers only with MTP speculation, a vision
+tower not under --language-model-only (sizing/weights.py served_tensors)."""
+
+from __future__ import annotations
+
+from llm_release.config import ServingConfig
+from llm_release.sizing import (
+    PlanRequest,
+    TensorInfo,
+    parse_config,
+    plan,
+    request_for_serving,
+    served_weights,
+    weights_from_tensors,
+)
+
+GiB = 2**30
+QWEN35 = {
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "model_type": "qwen3_5_moe",
+    "text_config": {
+        "hidden_size": 1024,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "vocab_size": 4096,
+        "mtp_num_hidden_layers": 1,
+    },
+    "vision_config": {"depth": 2},
+}
+
+
+def _t(rows: int, cols: int) -> TensorInfo:
+    return TensorInfo(dtype="BF16", shape=[rows, cols])
+
+
+def _qwen35_tensors() -> dict[str, TensorInfo]:
+    return {
+        "model.language_model.embed_tokens.weight": _t(4096, 1024),
+        "model.language_model.layers.0.mlp.down_proj.weight": _t(1024, 4096),
+        "model.language_model.layers.1.mlp.down_proj.weight": _t(1024, 4096),
+        "lm_head.weight": _t(4096, 1024),
+        "mtp.layers.0.mlp.down_proj.weight": _t(1024, 4096),
+        "mtp.fc.weight": _t(1024, 2048),
+        "model.visual.blocks.0.attn.qkv.weight": _t(3072, 1024),
+        "model.visual.merger.linear_fc1.weight": _t(4096, 4096),
+    }
+
+
+def test_mtp_layers_are_left_out_unless_mtp_speculation_loads_them():
+    tensors = _qwen35_tensors()
+    everything = weights_from_tensors(tensors)
+    served = weights_from_tensors(tensors, QWEN35)
+    mtp = (1024 * 4096 + 1024 * 2048) * 2
+    assert served.total_bytes == everything.total_bytes - mtp
+    assert served.left_out == {"MTP layers (no MTP speculation)": mtp}
+    drafted = weights_from_tensors(tensors, QWEN35, speculative_mtp=True)
+    assert drafted.total_bytes == everything.total_bytes and not drafted.left_out
+
+
+def test_the_vision_tower_is_left_out_only_for_the_language_model():
+    tensors = _qwen35_tensors()
+    vision = (3072 * 1024 + 4096 * 4096) * 2
+    served = weights_from_tensors(tensors, QWEN35)
+    language = weights_from_tensors(tensors, QWEN35, language_model_only=True)
+    assert served.total_bytes - language.total_bytes == vision
+    assert language.left_out["vision tower (--language-model-only)"] == vision
+
+
+def test_deepseek_mtp_layers_are_the_layers_after_the_last():
+    """DeepSeek-V3 and its kin store the MTP layer as layer num_hidden_layers; layer 20 of a
+    deeper model shares its digits' start and stays."""
+    config = {"num_hidden_layers": 2, "num_nextn_predict_layers": 1}
+    tensors = {
+        "model.layers.1.mlp.down_proj.weight": _t(8, 8),
+        "model.layers.2.eh_proj.weight": _t(8, 16),
+        "model.layers.2.mlp.down_proj.weight": _t(8, 8),
+        "model.layers.20.mlp.down_proj.weight": _t(8, 8),
+    }
+    served = weights_from_tensors(tensors, config)
+    assert served.total_bytes == 2 * 64 * 2
+    assert served.left_out == {"MTP layers (no MTP speculation)": (128 + 64) * 2}
+    assert (
+        weights_from_tensors(tensors, {"num_hidden_layers": 2}).total_bytes == 4 * 64 * 2 + 64 * 2
+    )
+
+
+def test_the_plan_says_what_it_left_out_and_the_serving_flags_decide():
+    tensors = _qwen35_tensors()
+    plain = request_for_serving(ServingConfig(max_model_len=1024), device="gpu", dtype="bfloat16")
+    language = request_for_serving(
+        ServingConfig(max_model_len=1024, extra_args=["--language-model-only"]),
+        device="gpu",
+        dtype="bfloat16",
+    )
+    assert not plain.language_model_only and language.language_model_only
+    arch = parse_config(QWEN35)
+    with_tower = plan(arch, served_weights(tensors, QWEN35, plain), plain)
+    without = plan(arch, served_weights(tensors, QWEN35, language), language)
+    assert without.weights.total_bytes < with_tower.weights.total_bytes
+    assert any("vision tower" in n and "not loaded by vLLM" in n for n in without.notes)
+    assert any("MTP layers" in n for n in with_tower.notes)
+    assert not any("vision tower" in n for n in with_tower.notes)
+    # the KV cache gets what the unloaded weights would have taken
+    kv = [o.kv_memory_per_gpu_bytes for o in (with_tower.options[0], without.options[0])]
+    assert kv[1] - kv[0] == with_tower.weights.total_bytes - without.weights.total_bytes
+    assert isinstance(plain, PlanRequest)
