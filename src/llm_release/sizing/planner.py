@@ -10,7 +10,13 @@ from typing import Literal
 from pydantic import Field
 
 from llm_release.errors import ConfigError
-from llm_release.sizing.architecture import TORCH_DTYPE_BYTES, GiB, ModelArch, Record
+from llm_release.sizing.architecture import (
+    TORCH_DTYPE_BYTES,
+    GiB,
+    ModelArch,
+    Record,
+    parse_config,
+)
 from llm_release.sizing.cudagraphs import (
     GPU_CUDA_GRAPH_ESTIMATE_GIB,
     CudaGraphs,
@@ -219,15 +225,33 @@ def sampler_bytes(rows: int, vocab: int, tp: int) -> int:
     return base + max(0, rows - PLANNED_SAMPLER_ROWS) * vocab * SAMPLER_BYTES_PER_LOGIT
 
 
+# vllm/config/vllm.py (0.26) DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: MoE families that vLLM
+# 0.26 runs on the V2 model runner all the same
+V2_RUNNER_MOE_ARCHITECTURES_026 = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "GraniteMoeForCausalLM",
+        "InklingForCausalLM",
+        "InklingForConditionalGeneration",
+        "LongcatFlashNgramForCausalLM",
+        "Qwen2MoeForCausalLM",
+    }
+)
+
+
 def graphs_subtracted(arch: ModelArch, vllm_version: str | None) -> bool:
-    """Whether vLLM takes its CUDA-graph estimate out of the KV cache for this model: MoE and
-    hybrid models always (the V1 runner of 0.26, the V2 runner of 0.32); dense models not on
-    vLLM 0.26 (its V2 runner logged no estimate: the H200 records), on 0.32 and any other
-    version yes (its V2 runner's profile_cudagraph_memory; where unsure, the smaller KV)."""
-    if arch.moe or arch.linear:
-        return True
+    """Whether vLLM takes its CUDA-graph estimate out of the KV cache for this model. vLLM
+    0.26 (config/vllm.py _is_default_v2_model_runner_model) runs a model on the V2 runner,
+    whose profile_cudagraph_memory returns 0, unless it is hybrid, or MoE outside
+    V2_RUNNER_MOE_ARCHITECTURES_026; those run on the V1 runner, which subtracts it. vLLM
+    0.32 and any other version: subtracted for every model (its V2 runner's
+    profile_cudagraph_memory; where unsure, the smaller KV)."""
     version = (vllm_version or "").strip().lstrip("v")
-    return not (version == "0.26" or version.startswith("0.26."))
+    if not (version == "0.26" or version.startswith("0.26.")):
+        return True
+    if arch.linear:
+        return True
+    return bool(arch.moe) and arch.architecture not in V2_RUNNER_MOE_ARCHITECTURES_026
 
 
 def request_graphs(arch: ModelArch, request: PlanRequest, runtime: Runtime) -> CudaGraphs:
@@ -417,11 +441,15 @@ def served_weights(
 ) -> WeightBytes:
     """The weights vLLM loads from a checkpoint's tensors for ``request``'s settings (MTP
     layers only with MTP speculation, a vision tower not under --language-model-only)."""
+    dtype_bytes = TORCH_DTYPE_BYTES.get(request.dtype) if request.dtype != "auto" else None
+    if dtype_bytes is None:
+        dtype_bytes = parse_config(config).dtype_bytes
     return weights_from_tensors(
         tensors,
         config,
         language_model_only=request.language_model_only,
         speculative_mtp=request.speculative_mtp,
+        dtype_bytes=int(dtype_bytes),
     )
 
 
@@ -590,6 +618,11 @@ def plan(
         for note in layout.notes:
             if note not in notes:
                 notes.append(note)
+    if weights.rope_cache_bytes:
+        notes.append(
+            f"RoPE cos/sin caches: {weights.rope_cache_bytes / 2**20:,.0f} MiB per GPU, "
+            "counted with the weights as vLLM allocates them"
+        )
     for what, nbytes in weights.left_out.items():
         notes.append(
             f"{nbytes / GiB:.2f} GiB of the checkpoint's {what}: not loaded by vLLM, not "

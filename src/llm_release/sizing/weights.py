@@ -4,6 +4,7 @@ scheme (bf16, FP8, W4A16 with its group scales).
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Literal
 
@@ -23,6 +24,9 @@ class WeightBytes(Record):
     by_dtype: dict[str, int] = Field(default_factory=dict)
     replicated_bytes: int = Field(0, description="1-D tensors (norms, biases): on every rank")
     tensors: int = 0
+    rope_cache_bytes: int = Field(
+        0, description="vLLM's RoPE cos/sin caches, in total_bytes (on every rank)"
+    )
     left_out: dict[str, int] = Field(
         default_factory=dict,
         description="checkpoint tensors vLLM does not load for these serving settings: what "
@@ -93,24 +97,91 @@ def served_tensors(
     return kept, left
 
 
+# RoPE: vLLM keeps one cos/sin cache per distinct rotary configuration of a model (get_rope's
+# _ROPE_DICT, model_executor/layers/rotary_embedding/__init__.py, 0.26 and 0.32), a buffer of
+# [positions, rotary_dim] in the model's dtype allocated with the weights ("Model loading
+# took" counts it). positions: max_position_embeddings; × factor for linear and dynamic
+# scaling (LinearScalingRotaryEmbedding, DynamicNTKScalingRotaryEmbedding);
+# original_max_position_embeddings × factor for yarn and deepseek_yarn. rotary_dim:
+# head_dim × partial_rotary_factor, or MLA's qk_rope_head_dim. Gemma 3's local layers have a
+# rotary configuration of their own (rope_local_base_freq).
+_SCALED_FROM_MAX = ("linear", "dynamic")
+_SCALED_FROM_ORIGINAL = ("yarn", "deepseek_yarn")
+_MAX_ROPE_FACTOR = 1024
+
+
+def _number(value: object, default: float) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok and 0 < value <= 2**40 else default
+
+
+def rope_cache_bytes(config: dict, dtype_bytes: int = 2) -> int:
+    """The bytes of vLLM's RoPE cos/sin caches for ``config`` (rule above); 0 when the
+    config names no positions."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    max_pos = _number(text.get("max_position_embeddings"), 0)
+    heads = _number(text.get("num_attention_heads"), 1)
+    head_dim = _number(text.get("head_dim"), _number(text.get("hidden_size"), 0) / heads)
+    if text.get("kv_lora_rank"):
+        head_dim = _number(text.get("qk_rope_head_dim"), head_dim)
+    if not max_pos or not head_dim:
+        return 0
+    params = text.get("rope_parameters")
+    if isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values()):
+        sets = list(params.values())  # one per layer type (transformers 5)
+    elif isinstance(params, dict):
+        sets = [params]
+    else:
+        scaling = text.get("rope_scaling")
+        sets = [dict(scaling) if isinstance(scaling, dict) else {}]
+        sets[0].setdefault("rope_theta", text.get("rope_theta"))
+        if "rope_local_base_freq" in text:
+            sets.append({"rope_type": "default", "rope_theta": text["rope_local_base_freq"]})
+    seen: set[str] = set()
+    total = 0
+    for p in sets:
+        key = json.dumps(p, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        kind = p.get("rope_type") or p.get("type") or "default"
+        factor = min(_number(p.get("factor"), 1.0), _MAX_ROPE_FACTOR)
+        partial = _number(p.get("partial_rotary_factor", text.get("partial_rotary_factor")), 1.0)
+        positions = max_pos
+        if kind in _SCALED_FROM_MAX:
+            positions = max_pos * factor
+        elif kind in _SCALED_FROM_ORIGINAL:
+            positions = _number(p.get("original_max_position_embeddings"), max_pos) * factor
+        total += int(positions) * int(head_dim * min(partial, 1.0)) * dtype_bytes
+    return total
+
+
 def weights_from_tensors(
     tensors: dict[str, TensorInfo],
     config: dict | None = None,
     *,
     language_model_only: bool = False,
     speculative_mtp: bool = False,
+    dtype_bytes: int = 2,
 ) -> WeightBytes:
     """The weights vLLM holds for a checkpoint's tensor table; with the checkpoint's
-    ``config``, only the tensors it loads for these settings (served_tensors)."""
-    left: dict[str, int] = {}
-    if config is not None:
-        tensors, left = served_tensors(
-            tensors,
-            config,
-            language_model_only=language_model_only,
-            speculative_mtp=speculative_mtp,
-        )
-    return _sum_tensors(tensors).model_copy(update={"left_out": left})
+    ``config``, only the tensors it loads for these settings (served_tensors) and its RoPE
+    caches in the served dtype (rope_cache_bytes), on every tensor-parallel rank."""
+    if config is None:
+        return _sum_tensors(tensors)
+    tensors, left = served_tensors(
+        tensors, config, language_model_only=language_model_only, speculative_mtp=speculative_mtp
+    )
+    weights = _sum_tensors(tensors)
+    rope = rope_cache_bytes(config, dtype_bytes)
+    return weights.model_copy(
+        update={
+            "left_out": left,
+            "rope_cache_bytes": rope,
+            "total_bytes": weights.total_bytes + rope,
+            "replicated_bytes": weights.replicated_bytes + rope,
+        }
+    )
 
 
 def _sum_tensors(tensors: dict[str, TensorInfo]) -> WeightBytes:
