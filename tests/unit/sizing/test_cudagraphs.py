@@ -175,3 +175,21 @@ def test_the_batch_choice_counts_the_graphs_of_the_count_it_chooses():
     one = choose_max_num_seqs(at_one, 768, 1024).max_num_seqs
     default = choose_max_num_seqs(at_default, 768, 1024).max_num_seqs
     assert abs(one - default) <= 1
+
+
+def test_vllm_026_subtracts_no_graph_estimate_on_its_v2_runner():
+    """vLLM 0.26 runs dense models and the MoE families of DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES
+    (DeepseekV2...) on the V2 runner, which estimates no graph memory; other MoE and every
+    hybrid model on the V1 runner, which does. 0.32 subtracts it for all."""
+    from llm_release.sizing import parse_config
+    from llm_release.sizing.planner import graphs_subtracted
+
+    base = {"hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 64}
+    moe = base | {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64}
+    deepseek = parse_config(moe | {"architectures": ["DeepseekV2ForCausalLM"]})
+    qwen_moe = parse_config(moe | {"architectures": ["Qwen3MoeForCausalLM"]})
+    dense = parse_config(base | {"architectures": ["LlamaForCausalLM"]})
+    assert not graphs_subtracted(deepseek, "0.26.0")
+    assert graphs_subtracted(qwen_moe, "0.26.0")
+    assert not graphs_subtracted(dense, "0.26.0")
+    assert all(graphs_subtracted(a, "0.32.0") for a in (deepseek, qwen_moe, dense))

@@ -106,3 +106,54 @@ def test_the_plan_says_what_it_left_out_and_the_serving_flags_decide():
     kv = [o.kv_memory_per_gpu_bytes for o in (with_tower.options[0], without.options[0])]
     assert kv[1] - kv[0] == with_tower.weights.total_bytes - without.weights.total_bytes
     assert isinstance(plain, PlanRequest)
+
+
+def test_rope_caches_follow_vllm_get_rope():
+    """One cos/sin cache per rotary configuration, [positions, rotary_dim] in the served
+    dtype: Gemma 3's global (linear x8) and local caches, Llama 3's one, DeepSeek's yarn
+    over original x factor positions of its rope head dim."""
+    from llm_release.sizing.weights import rope_cache_bytes
+
+    gemma = {
+        "head_dim": 128,
+        "num_attention_heads": 32,
+        "hidden_size": 5376,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1e6,
+        "rope_local_base_freq": 1e4,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    }
+    assert rope_cache_bytes(gemma) == (131072 * 8 + 131072) * 128 * 2
+    per_type = {  # transformers 5 spells the same per layer type
+        k: v for k, v in gemma.items() if k not in ("rope_scaling", "rope_local_base_freq")
+    }
+    per_type["rope_parameters"] = {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+    }
+    assert rope_cache_bytes(per_type) == rope_cache_bytes(gemma)
+    llama = {"hidden_size": 4096, "num_attention_heads": 32, "max_position_embeddings": 131072}
+    llama["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+    assert rope_cache_bytes(llama, dtype_bytes=4) == 131072 * 128 * 4
+    deepseek = {
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "num_attention_heads": 16,
+        "hidden_size": 2048,
+        "max_position_embeddings": 163840,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096},
+    }
+    assert rope_cache_bytes(deepseek) == 4096 * 40 * 64 * 2
+    hostile = dict(llama, rope_scaling={"rope_type": "linear", "factor": "x"})
+    assert rope_cache_bytes(hostile) == 131072 * 128 * 2  # a factor that is no number: 1
+    assert rope_cache_bytes({"hidden_size": 64, "num_attention_heads": 1}) == 0
+
+
+def test_the_weights_carry_the_rope_caches_on_every_rank():
+    config = {"hidden_size": 1024, "num_attention_heads": 8, "max_position_embeddings": 4096}
+    tensors = {"model.layers.0.mlp.down_proj.weight": _t(1024, 4096)}
+    weights = weights_from_tensors(tensors, config)
+    rope = 4096 * 128 * 2
+    assert weights.rope_cache_bytes == rope
+    assert weights.total_bytes == 1024 * 4096 * 2 + rope
+    assert weights.per_gpu(4) == 1024 * 4096 * 2 // 4 + rope
