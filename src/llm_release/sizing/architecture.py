@@ -101,6 +101,11 @@ class ModelArch(Record):
     mla: MlaDims | None = None
     linear: LinearAttnDims | None = None
     moe: MoeDims | None = None
+    unmodelled: list[str] = Field(
+        default_factory=list,
+        description="what of this config the planner does not model, and how it plans it "
+        "instead (the side of less KV than vLLM's): named in the plan's notes",
+    )
 
     def count(self, kind: LayerKind) -> int:
         return sum(1 for k in self.layer_kinds if k == kind)
@@ -358,6 +363,22 @@ def parse_config(config: dict) -> ModelArch:
     kinds = _layer_kinds(cfg, layers, window)
     if "sliding" not in kinds:
         window = None
+    unmodelled: list[str] = []
+    if "linear" in kinds and not cfg.get("linear_num_value_heads"):
+        # Mamba / Mamba2 layers (their state is not Gated DeltaNet's): planned as full
+        # attention layers, a KV of max_model_len tokens each, not a fixed state
+        unmodelled.append(
+            f"{kinds.count('linear')} state-space (Mamba) layers: their state is not modelled; "
+            "planned as full attention layers (from a few thousand tokens of max_model_len "
+            "on, more memory a sequence than a Mamba state)"
+        )
+        kinds = ["full" if k == "linear" else k for k in kinds]
+    types = cfg.get("layer_types") or []
+    if "chunked_attention" in types:
+        unmodelled.append(
+            "chunked local attention layers: planned as full attention (vLLM keeps only a "
+            "chunk of them, so it holds more KV tokens than planned)"
+        )
     moe = None
     experts = _int(cfg, "num_experts", "n_routed_experts", "num_local_experts", default=0)
     if experts:
@@ -401,6 +422,7 @@ def parse_config(config: dict) -> ModelArch:
         mla=mla,
         linear=linear,
         moe=moe,
+        unmodelled=unmodelled,
     )
 
 

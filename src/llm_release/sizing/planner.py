@@ -618,6 +618,8 @@ def plan(
         for note in layout.notes:
             if note not in notes:
                 notes.append(note)
+    for what in arch.unmodelled:
+        notes.append(f"not modelled: {what}")
     if weights.rope_cache_bytes:
         notes.append(
             f"RoPE cos/sin caches: {weights.rope_cache_bytes / 2**20:,.0f} MiB per GPU, "
