@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from llm_release.sizing.architecture import DTYPE_BYTES, ModelArch, Record
+from llm_release.sizing.architecture import DTYPE_BYTES, ModelArch, Record, _text_config
 
 # ---------------------------------------------------------------- weights
 
@@ -65,7 +65,7 @@ VISION_PREFIXES = tuple(
 
 
 def _mtp_layer_prefixes(config: dict) -> tuple[str, ...]:
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = _text_config(config)
     layers, extra = text.get("num_hidden_layers"), text.get("num_nextn_predict_layers")
     if not (isinstance(layers, int) and isinstance(extra, int)) or extra <= 0 or extra > 64:
         return ()
@@ -118,7 +118,7 @@ def _number(value: object, default: float) -> float:
 def rope_cache_bytes(config: dict, dtype_bytes: int = 2) -> int:
     """The bytes of vLLM's RoPE cos/sin caches for ``config`` (rule above); 0 when the
     config names no positions."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    text = _text_config(config)
     max_pos = _number(text.get("max_position_embeddings"), 0)
     heads = _number(text.get("num_attention_heads"), 1)
     head_dim = _number(text.get("head_dim"), _number(text.get("hidden_size"), 0) / heads)
