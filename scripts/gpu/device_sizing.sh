@@ -11,6 +11,9 @@
 # H100 (80 GB) and an H200 (141 GB). Rows already in $OUT/sizing.jsonl are not started
 # again: a later call (back to back, /tmp kept) goes on where a cut one stopped.
 #
+# CALL_BUDGET_S (580) bounds the call: a row is begun only when its expected start time
+# (EAGER_EST_S 110, GRAPHS_EST_S 180, from the H100's starts) still fits.
+#
 # SHAPE is a folder of scripts/gpu/shapes/. Each start's log comes back in $OUT/<row>.log and
 # its KV lines in $OUT/sizing.jsonl, written as each start ends (a cut call keeps them).
 set -uo pipefail
@@ -58,6 +61,11 @@ for row in "${rows[@]}"; do
   weights=$(.venv-vllm/bin/python -c 'import json,sys; t=json.load(open(sys.argv[1])); import math; print(sum(math.prod(s)*{"BF16":2,"F16":2,"F32":4,"F8_E4M3":1,"I32":4,"I64":8}[d] for d,s in t.values()))' "tests/unit/data/gpu/shapes/$shape.tensors.json")
   if [ "$(.venv-vllm/bin/python -c "print(int($weights + 2*2**30 > $util * $total))")" = 1 ]; then
     log "skip $name: weights $((weights / 2**30)) GiB + 2 GiB exceed $util of the card"; continue
+  fi
+  # A start the call cannot finish is not begun: a row cut by the call's limit is lost.
+  est=$([[ $flags == *--enforce-eager* ]] && echo "${EAGER_EST_S:-110}" || echo "${GRAPHS_EST_S:-180}")
+  if [ $(($(date +%s) - T0 + est)) -gt "${CALL_BUDGET_S:-580}" ]; then
+    log "stop before $name: ${est} s expected, $(($(date +%s) - T0)) s of ${CALL_BUDGET_S:-580} used"; break
   fi
   log "start $name"
   # shellcheck disable=SC2086
