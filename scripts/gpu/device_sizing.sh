@@ -11,6 +11,9 @@
 # H100 (80 GB) and an H200 (141 GB). Rows already in $OUT/sizing.jsonl are not started
 # again: a later call (back to back, /tmp kept) goes on where a cut one stopped.
 #
+# PEAK_TRACE=1 (the default) puts scripts/gpu/peak_trace on PYTHONPATH: each row also brings
+# back peak/<row>/peak-<pid>.json, the tensors alive at the torch peak of vLLM's profile run.
+#
 # CALL_BUDGET_S (580) bounds the call: a row is begun only when its expected start time
 # (EAGER_EST_S 110, GRAPHS_EST_S 180, from the H100's starts) still fits.
 #
@@ -69,7 +72,12 @@ for row in "${rows[@]}"; do
   fi
   log "start $name"
   # shellcheck disable=SC2086
-  setsid .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
+  trace=()
+  if [ "${PEAK_TRACE:-1}" = 1 ]; then  # the live tensors at the profile's torch peak
+    mkdir -p "$S/peak/$name"
+    trace=(env "PYTHONPATH=$ROOT/scripts/gpu/peak_trace" "LLM_RELEASE_PEAK_TRACE=$S/peak/$name")
+  fi
+  setsid "${trace[@]}" .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
     --model "$ROOT/scripts/gpu/shapes/$shape" --load-format dummy --skip-tokenizer-init \
     --max-model-len "$len" --gpu-memory-utilization "$util" --port 8199 $flags \
     > "$S/$name.log" 2>&1 &
