@@ -89,7 +89,12 @@ for row in "${rows[@]}"; do
   line=$(grep -E "KV cache size|Maximum concurrency|Available KV cache memory|GPU blocks|Model loading took|torch peak|non-torch|CUDA graph|cudagraph memory|Memory profiling|Total non KV|is equivalent to|Setting attention block size|Initializing a V1|Error|error:" "$S/$name.log" | grep -v "^DEBUG.*Traceback" | tr '\n' ' ' | cut -c1-3000)
   printf '{"row": "%s", "shape": "%s", "max_model_len": %s, "gpu_memory_utilization": %s, "flags": "%s", "lines": "%s"}\n' \
     "$name" "$shape" "$len" "$util" "$flags" "$(echo "$line" | tr -d '"\\')" >> "$S/sizing.jsonl"
-  cp -r "$S/." "$OUT/"
+  for f in "$S/peak/$name"/*.json; do [ -f "$f" ] && cp "$f" "$S/$name.peak.json"; done
+  rsync -a --exclude peak "$S/" "$OUT/" 2>/dev/null || cp "$S"/*.* "$OUT/"
   log "done $name: $(grep -o 'KV cache size: [0-9,]* tokens' "$S/$name.log" | head -1)"
 done
-cp -r "$S/." "$OUT/"
+for d in "$S"/peak/*/; do n=$(basename "$d"); for f in "$d"*.json; do [ -f "$f" ] && cp "$f" "$S/$n.peak.json"; done; done
+rsync -a --exclude peak "$S/" "$OUT/" 2>/dev/null || cp "$S"/*.* "$OUT/"
+# A call brings back at most 8 files: everything of /tmp/sizing in one archive as well.
+tar -czf /tmp/sizing.tgz -C "$S" --exclude ./peak . && rm -rf "${OUT:?}"/* &&
+  cp /tmp/sizing.tgz "$S/steps.log" "$S/sizing.jsonl" "$OUT/"
