@@ -21,10 +21,8 @@ blocks"). So the choice is the largest count, at most vLLM's default, for which
   length the release is sized for),
 * one sequence of ``max_model_len`` still fits (the plan's own check), and
 * both hold after the memory vLLM's profile takes for that many sequences beyond what the
-  plan already counts for its own ``max_num_seqs``: the sampler's rows
-  (``planner.sampler_bytes``: ``SAMPLER_BYTES_PER_LOGIT`` per row and vocabulary entry
-  beyond the ``PLANNED_SAMPLER_ROWS`` the estimate was fit with, above the 5.7 B measured
-  between 29 and 178 rows on the H200) and the CUDA graphs of its capture sizes
+  plan already counts for its own ``max_num_seqs``: its profile peak (``profile.py``: the
+  sampler's rows, MLA's prefill workspace) and the CUDA graphs of its capture sizes
   (``cudagraphs.py``: more sequences, more sizes, more graphs up to vLLM's capture ceiling).
 
 A hybrid model's state blocks come from the same pool, so the first rule keeps
@@ -43,15 +41,8 @@ from llm_release.sizing.cudagraphs import (  # noqa: F401 (re-exported: the batc
     VLLM_DEFAULT_SEQS_LARGE_GPU,
     vllm_default_max_num_seqs,
 )
-from llm_release.sizing.kv import Runtime, default_batched_tokens, kv_layout
-from llm_release.sizing.planner import (  # noqa: F401 (re-exported)
-    PLANNED_SAMPLER_ROWS,
-    SAMPLER_BYTES_PER_LOGIT,
-    CapacityPlan,
-    request_graphs,
-    sampler_bytes,
-    sampler_profile_rows,
-)
+from llm_release.sizing.kv import Runtime, kv_layout
+from llm_release.sizing.planner import CapacityPlan, request_overhead_bytes
 
 
 class BatchChoice(Record):
@@ -64,21 +55,11 @@ class BatchChoice(Record):
     reason: str
 
 
-def sampler_blocks(seqs: int, vocab: int, bytes_per_block: int) -> int:
-    """Blocks the sampler's profile memory takes beyond the plan's own allowance."""
-    extra = max(0, seqs - PLANNED_SAMPLER_ROWS) * vocab * SAMPLER_BYTES_PER_LOGIT
-    return math.ceil(extra / bytes_per_block) if extra else 0
-
-
 def seqs_bytes(plan: CapacityPlan, runtime: Runtime, seqs: int | None) -> int:
-    """The part of the plan's non-KV memory that follows max_num_seqs (sampler rows and
-    CUDA graphs, before the learned factor) at ``seqs`` (None: as the plan's default)."""
+    """The plan's non-KV memory (before the learned factor) with the server at ``seqs``
+    sequences (None: as the plan's own request)."""
     request = plan.request.model_copy(update={"max_num_seqs": seqs})
-    batched = default_batched_tokens(runtime)
-    tp = runtime.tensor_parallel_size
-    rows = sampler_profile_rows(request, batched)
-    graphs = request_graphs(plan.arch, request, runtime)
-    return sampler_bytes(rows, plan.arch.vocab_size, tp) + graphs.bytes
+    return request_overhead_bytes(plan.arch, request, runtime, plan.max_model_len)
 
 
 def extra_blocks(plan: CapacityPlan, runtime: Runtime, seqs: int, bytes_per_block: int) -> int:

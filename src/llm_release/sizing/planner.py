@@ -30,6 +30,7 @@ from llm_release.sizing.kv import (
     kv_layout,
     seeds_kv_bytes_per_token,
 )
+from llm_release.sizing.profile import profile_peak_bytes
 from llm_release.sizing.weights import (
     TensorInfo,
     WeightBytes,
@@ -71,8 +72,7 @@ class PlanRequest(Record):
         None,
         ge=1,
         description="vLLM --max-num-seqs: its CUDA-graph capture sizes and its sampler's "
-        "profile rows. None: vLLM's default for the GPU (1,024 on ≥ 70 GiB) for the graphs and "
-        "the planner's fitted sampler allowance (PLANNED_SAMPLER_ROWS)",
+        "profile rows. None: vLLM's default for the GPU (1,024 on ≥ 70 GiB)",
     )
     enforce_eager: bool = Field(False, description="vLLM --enforce-eager: no CUDA graphs")
     language_model_only: bool = Field(
@@ -187,42 +187,17 @@ def cpu_ssm_dtype_for_host() -> Literal["auto", "float32"]:
 
 
 # vLLM's non-KV GPU memory beyond the weights (gpu_worker.determine_available_memory, 0.26):
-# the torch peak of its profile run, the non-torch memory that grew meanwhile (cuBLAS/NCCL
-# workspaces) and its estimate of the CUDA graphs' memory (sizing/cudagraphs.py).
-# vLLM 0.26 runs dense models on the V2 runner (no graph estimate subtracted) and MoE and
-# hybrid models on the V1 runner (vllm/config/vllm.py: _is_default_v2_model_runner_model).
-# vLLM 0.32 runs every model planned here on the V2 runner (use_v2_model_runner), and that
-# runner subtracts an estimate too (v1/worker/gpu/cudagraph_utils.py
-# profile_cudagraph_memory): see graphs_subtracted().
-# Measured through the project's servers on the H200 at DEBUG (docs/gpu-serving-2026-12-01
-# and -12-02 .jsonl; docs/sizing-and-tuning.md has the table):
-#   dense (SmolLM2 135M, Llama 2.45B bf16/FP8/W4A16): non-torch 0.22 GiB, no graph estimate;
-#     the torch peak (0.14-0.52 GiB) is what the activation + logits terms give, ±0.1 GiB.
-#   MoE (16-layer Qwen3-MoE, FP8) and hybrid (Qwen3.5-35B-A3B): non-torch 0.23 / 0.25 GiB,
-#     graph estimate 0.40 / 0.51 GiB, torch peak 1.23 / 1.64 GiB.
+# the torch peak of its profile run (sizing/profile.py, modelled tensor by tensor), the
+# non-torch memory that grew meanwhile (cuBLAS/NCCL handles) and its estimate of the CUDA
+# graphs' memory (sizing/cudagraphs.py). vLLM 0.26 runs dense models on the V2 runner (no
+# graph estimate subtracted) and MoE and hybrid models on the V1 runner
+# (vllm/config/vllm.py: _is_default_v2_model_runner_model); vLLM 0.32 runs every model
+# planned here on the V2 runner, which subtracts an estimate too (graphs_subtracted()).
+# The non-torch growth is a measurement, not in the source: 0.22 GiB for every dense,
+# sliding-window, FP8, W4A16 and MLA row on the H100 and H200 (docs/gpu-sizing-2026-12-06*),
+# 0.23-0.25 GiB for the V1 runner's MoE and hybrid rows with CUDA graphs.
 GPU_NON_TORCH_GIB = 0.22
 GPU_NON_TORCH_MOE_GIB = 0.24
-# what the MoE and hybrid torch peaks hold beyond the hidden states, logits, fused-MoE
-# workspaces and GDN projections below: 0.5 GiB on both measured shapes, not attributed to a
-# tensor yet (a fitted constant, the one in this model; checked again with each GPU record).
-GPU_MOE_PEAK_RESIDUAL_GIB = 0.5
-# vLLM's sampler profile (gpu_model_runner._dummy_sampler_run after _dummy_run of
-# max_num_batched_tokens; the V2 runner alike) has min(max_num_seqs, max_num_batched_tokens)
-# rows (_dummy_run: num_reqs = min(num_tokens, max_num_reqs)). The estimate was fit on the
-# H200 with fp32 logits of 256 rows (PLANNED_SAMPLER_ROWS) whatever the server's
-# max_num_seqs (the rows were served at 29-1,024); fewer rows take their fp32 logits only,
-# more rows SAMPLER_BYTES_PER_LOGIT each and vocabulary entry, above the 5.7 B measured
-# between 29 and 178 rows (Qwen3-30B-A3B shape, V1 runner: logits in the model dtype and in
-# float32, the softmax and the exponential noise of _dummy_sampler_run).
-PLANNED_SAMPLER_ROWS = 256
-SAMPLER_BYTES_PER_LOGIT = 8
-
-
-def sampler_bytes(rows: int, vocab: int, tp: int) -> int:
-    """The sampler profile's memory for ``rows`` rows on one rank: fp32 logits up to the
-    fitted 256 rows, ``SAMPLER_BYTES_PER_LOGIT`` per logit beyond them."""
-    base = min(rows, PLANNED_SAMPLER_ROWS) * vocab // tp * 4
-    return base + max(0, rows - PLANNED_SAMPLER_ROWS) * vocab * SAMPLER_BYTES_PER_LOGIT
 
 
 # vllm/config/vllm.py (0.26) DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: MoE families that vLLM
@@ -239,25 +214,34 @@ V2_RUNNER_MOE_ARCHITECTURES_026 = frozenset(
 )
 
 
-def graphs_subtracted(arch: ModelArch, vllm_version: str | None) -> bool:
-    """Whether vLLM takes its CUDA-graph estimate out of the KV cache for this model. vLLM
-    0.26 (config/vllm.py _is_default_v2_model_runner_model) runs a model on the V2 runner,
-    whose profile_cudagraph_memory returns 0, unless it is hybrid, or MoE outside
-    V2_RUNNER_MOE_ARCHITECTURES_026; those run on the V1 runner, which subtracts it. vLLM
-    0.32 and any other version: subtracted for every model (its V2 runner's
-    profile_cudagraph_memory; where unsure, the smaller KV)."""
+def v1_runner(arch: ModelArch, vllm_version: str | None) -> bool:
+    """Whether vLLM serves this model on its V1 model runner: vLLM 0.26
+    (config/vllm.py _is_default_v2_model_runner_model) for hybrid models and MoE models
+    outside V2_RUNNER_MOE_ARCHITECTURES_026; never on 0.32 (use_v2_model_runner) or any
+    other version the planner is told."""
     version = (vllm_version or "").strip().lstrip("v")
     if not (version == "0.26" or version.startswith("0.26.")):
-        return True
+        return False
     if arch.linear:
         return True
     return bool(arch.moe) and arch.architecture not in V2_RUNNER_MOE_ARCHITECTURES_026
 
 
+def graphs_subtracted(arch: ModelArch, vllm_version: str | None) -> bool:
+    """Whether vLLM takes its CUDA-graph estimate out of the KV cache for this model: vLLM
+    0.26's V2 runner (profile_cudagraph_memory returns 0) does not, its V1 runner does;
+    vLLM 0.32 and any other version: subtracted for every model (its V2 runner's
+    profile_cudagraph_memory; where unsure, the smaller KV)."""
+    version = (vllm_version or "").strip().lstrip("v")
+    if not (version == "0.26" or version.startswith("0.26.")):
+        return True
+    return v1_runner(arch, vllm_version)
+
+
 def request_graphs(arch: ModelArch, request: PlanRequest, runtime: Runtime) -> CudaGraphs:
     """The CUDA graphs vLLM captures for ``request`` on one rank (none on a CPU, nor where
     vLLM subtracts no estimate for them: their ``bytes`` is then 0)."""
-    seqs = request.max_num_seqs or vllm_default_max_num_seqs(request.gpu_memory_gib)
+    seqs = request_max_num_seqs(request)
     if request.device != "gpu":
         return CudaGraphs(mode="NONE", max_num_seqs=seqs)
     graphs = cuda_graphs(
@@ -272,12 +256,9 @@ def request_graphs(arch: ModelArch, request: PlanRequest, runtime: Runtime) -> C
     return graphs
 
 
-def sampler_profile_rows(request: PlanRequest, batched_tokens: int) -> int:
-    """The sampler profile's rows: min(max_num_seqs, max_num_batched_tokens); with no
-    max_num_seqs the fitted allowance (PLANNED_SAMPLER_ROWS)."""
-    if request.max_num_seqs is None:
-        return PLANNED_SAMPLER_ROWS
-    return min(request.max_num_seqs, batched_tokens)
+def request_max_num_seqs(request: PlanRequest) -> int:
+    """The server's max_num_seqs: the request's, else vLLM's default for the GPU."""
+    return request.max_num_seqs or vllm_default_max_num_seqs(request.gpu_memory_gib)
 
 
 def estimate_overhead_bytes(
@@ -285,38 +266,47 @@ def estimate_overhead_bytes(
     tp: int,
     batched_tokens: int,
     *,
-    sampler_rows: int = PLANNED_SAMPLER_ROWS,
+    max_num_seqs: int,
+    max_model_len: int,
+    v1: bool = False,
+    compiled: bool = True,
     cuda_graph_bytes: int | None = None,
 ) -> int:
-    """Non-KV GPU memory of one rank beyond its weights, as vLLM profiles it: the peak of
-    one ``batched_tokens`` step (hidden states and the dense MLP's activation in bf16, the
-    sampler's ``sampler_rows`` rows; for MoE the fused-MoE kernel's two workspaces of
-    ``tokens × top-k × max(2·moe_intermediate, hidden)``, for Gated DeltaNet its projections)
-    plus the non-torch reserve, the CUDA-graph estimate ``cuda_graph_bytes`` (None: the
-    0.45 GiB of vLLM's default settings for MoE and hybrid models, 0 for dense ones, as
-    vLLM 0.26 on the H200) and, for MoE and hybrid models, the measured residual. Constants
-    above, with what they were fit on."""
-    hidden = arch.hidden_size
-    logits = sampler_bytes(sampler_rows, arch.vocab_size, tp)
+    """Non-KV GPU memory of one rank beyond its weights, as vLLM profiles it: the torch peak
+    of its profile run on ``batched_tokens`` tokens (sizing/profile.py: the forward, the
+    sampler on min(tokens, max_num_seqs) rows, the compiler's example inputs), the non-torch
+    growth measured above and the CUDA-graph estimate ``cuda_graph_bytes`` (None: the 0.45
+    GiB of vLLM's default settings for MoE and hybrid models, 0 for dense ones)."""
     moe_like = bool(arch.moe or arch.linear)
     if cuda_graph_bytes is None:
         cuda_graph_bytes = int(GPU_CUDA_GRAPH_ESTIMATE_GIB * GiB) if moe_like else 0
-    if not moe_like:
-        act = batched_tokens * (4 * hidden + 2 * arch.intermediate_size // tp) * 2
-        return int(act + logits + GPU_NON_TORCH_GIB * GiB) + cuda_graph_bytes
-    act = batched_tokens * 4 * hidden * 2
-    if arch.moe:
-        width = max(2 * arch.moe.moe_intermediate_size // tp, hidden)
-        act += 2 * batched_tokens * arch.moe.experts_per_token * width * 2
-    else:
-        act += batched_tokens * 2 * arch.intermediate_size // tp * 2
-    if arch.linear:
-        lin = arch.linear
-        # in_proj_qkvz (2 key + 2 value widths) and the core attention's output (value width)
-        widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
-        act += batched_tokens * widths // tp * 2
-    reserve = GPU_NON_TORCH_MOE_GIB + GPU_MOE_PEAK_RESIDUAL_GIB
-    return int(act + logits + reserve * GiB) + cuda_graph_bytes
+    peak = profile_peak_bytes(
+        arch,
+        tp,
+        batched_tokens,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        v1_runner=v1,
+        compiled=compiled,
+    )
+    non_torch = GPU_NON_TORCH_MOE_GIB if moe_like and v1 and compiled else GPU_NON_TORCH_GIB
+    return peak + int(non_torch * GiB) + cuda_graph_bytes
+
+
+def request_overhead_bytes(
+    arch: ModelArch, request: PlanRequest, runtime: Runtime, max_model_len: int
+) -> int:
+    """estimate_overhead_bytes for a request's serving settings on one rank."""
+    return estimate_overhead_bytes(
+        arch,
+        runtime.tensor_parallel_size,
+        default_batched_tokens(runtime),
+        max_num_seqs=request_max_num_seqs(request),
+        max_model_len=max_model_len,
+        v1=v1_runner(arch, request.vllm_version),
+        compiled=not request.enforce_eager,
+        cuda_graph_bytes=request_graphs(arch, request, runtime).bytes,
+    )
 
 
 def _tp_problem(arch: ModelArch, tp: int) -> str | None:
@@ -551,20 +541,13 @@ def plan(
             kv_mem = request.cpu_kvcache_space_gib * GiB
             budget = None
         else:
-            batched = default_batched_tokens(runtime)
             graphs = request_graphs(arch, request, runtime)
             graph_mem = graphs.bytes
             overhead = (
                 int(request.non_kv_overhead_gib * GiB)
                 if request.non_kv_overhead_gib is not None
                 else int(
-                    estimate_overhead_bytes(
-                        arch,
-                        tp,
-                        batched,
-                        sampler_rows=sampler_profile_rows(request, batched),
-                        cuda_graph_bytes=graph_mem,
-                    )
+                    request_overhead_bytes(arch, request, runtime, max_len)
                     * request.non_kv_overhead_factor
                 )
             )

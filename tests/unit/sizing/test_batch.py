@@ -10,17 +10,18 @@ import pytest
 
 from llm_release.sizing import PlanRequest, estimate_weights, parse_config, plan
 from llm_release.sizing.batch import (
-    SAMPLER_BYTES_PER_LOGIT,
     choose_max_num_seqs,
-    sampler_blocks,
+    extra_blocks,
+    seqs_bytes,
     vllm_default_max_num_seqs,
 )
+from llm_release.sizing.kv import Runtime
 
 DATA = Path(__file__).parents[1] / "data" / "gpu"
 H200_GIB = 139.80
 
 
-def shape_plan(name: str, util: float, length: int):
+def shape_plan(name: str, util: float, length: int, **serving):
     arch = parse_config(json.loads((DATA / f"{name}.config.json").read_text()))
     request = PlanRequest(
         device="gpu",
@@ -29,6 +30,7 @@ def shape_plan(name: str, util: float, length: int):
         gpu_memory_utilization=util,
         max_model_len=length,
         enable_prefix_caching=arch.linear is None,  # vLLM turns it off for hybrids
+        **serving,
     )
     return plan(arch, estimate_weights(arch, "bf16"), request)
 
@@ -76,15 +78,20 @@ def test_the_choice_falls_as_requests_grow_and_as_the_cap_does():
     assert choose_max_num_seqs(result, 768, 256).max_num_seqs == 256
 
 
-def test_the_sampler_share_counts_only_rows_beyond_what_the_plan_holds():
-    assert sampler_blocks(256, 151_936, 1 << 20) == 0
-    blocks = sampler_blocks(1024, 151_936, 1 << 20)
-    assert blocks == -(-768 * 151_936 * SAMPLER_BYTES_PER_LOGIT // (1 << 20))
+def test_the_profile_share_counts_only_sequences_beyond_what_the_plan_holds():
+    """vLLM 0.26 profiles a MoE model's sampler on the V1 runner: rows·vocab·14 bytes and
+    more; a server of fewer sequences than the plan's takes nothing back (erring safe)."""
+    result = shape_plan("qwen3-30b-a3b-shape", 0.9, 32768, max_num_seqs=32, vllm_version="0.26.0")
+    runtime = Runtime(device="gpu", gpu_memory_gib=H200_GIB)
+    grown = seqs_bytes(result, runtime, 1024) - seqs_bytes(result, runtime, 32)
+    assert grown >= (1024 - 32) * 151_936 * 14  # the sampler's rows alone
+    assert extra_blocks(result, runtime, 16, 1 << 20) == 0
+    assert extra_blocks(result, runtime, 1024, 1 << 20) >= grown // (1 << 20)
 
 
 @pytest.mark.parametrize("util", [0.47, 0.48])
 def test_a_model_that_does_not_hold_one_sequence_gets_one(util):
-    result = shape_plan("qwen3.5-35b-a3b-shape", util, 32768)
+    result = shape_plan("qwen3.5-35b-a3b-shape", util, 32768, vllm_version="0.26.0")
     assert not result.fits and result.options[0].max_concurrency < 1
     choice = choose_max_num_seqs(result, 768, 1024)
     assert choice.max_num_seqs == 1 and "does not hold one sequence" in choice.reason

@@ -103,20 +103,21 @@ def _qwen3_30b(**update):
     return plan(arch, estimate_weights(arch, "bf16"), request)
 
 
-def test_fewer_graphs_more_kv_and_the_default_plan_unchanged():
-    """Measured on the H200 (Qwen3-30B-A3B shape, 0.9, vLLM 0.26): 714,128 KV tokens at vLLM's
-    default max_num_seqs, 739,888 at max_num_seqs 22, 741,408 at 22 with --enforce-eager; the
-    planner said 731,712 each time. The direction is what this checks, not the figures: the
-    planner's per-graph memory is its former 0.45 GiB spread over the default's 102 graphs,
-    and at 22 and eager it stays below what vLLM gave (it errs on the safe side)."""
-    default = _qwen3_30b().options[0]
-    small = _qwen3_30b(max_num_seqs=22).options[0]
-    eager = _qwen3_30b(max_num_seqs=22, enforce_eager=True).options[0]
-    assert default.kv_cache_tokens == 731_712  # what it said before
-    assert default.cuda_graph_bytes == int(0.45 * GiB)
+def test_fewer_graphs_more_kv_each_near_what_vllm_gave():
+    """Measured on the H200 (Qwen3-30B-A3B shape, 0.9, vLLM 0.26, its V1 runner): 714,128 KV
+    tokens at vLLM's default max_num_seqs, 739,888 at max_num_seqs 22, 741,408 at 22 with
+    --enforce-eager (the planner said 731,712 each time before it took these settings). At
+    22 and eager the planner is within 0.25% of vLLM; at the default 1,024 sequences
+    (102 graphs, per-graph memory not measured at that count) within 0.5%, 0.32% above."""
+    default = _qwen3_30b(vllm_version="0.26.0").options[0]
+    small = _qwen3_30b(vllm_version="0.26.0", max_num_seqs=22).options[0]
+    eager = _qwen3_30b(vllm_version="0.26.0", max_num_seqs=22, enforce_eager=True).options[0]
     assert default.kv_cache_tokens < small.kv_cache_tokens < eager.kv_cache_tokens
-    assert eager.cuda_graph_bytes == 0
-    assert small.kv_cache_tokens <= 739_888 and eager.kv_cache_tokens <= 741_408
+    assert eager.cuda_graph_bytes == 0 < small.cuda_graph_bytes < default.cuda_graph_bytes
+    for option, vllm in ((default, 714_128), (small, 739_888), (eager, 741_408)):
+        assert abs(option.kv_cache_tokens - vllm) / vllm <= 0.005
+    for option, vllm in ((small, 739_888), (eager, 741_408)):
+        assert (option.kv_cache_tokens - vllm) / vllm <= 0.0025
     notes = _qwen3_30b(max_num_seqs=22).notes
     assert any("9 PIECEWISE + 6 FULL graphs" in n for n in notes)
     assert any("none (--enforce-eager)" in n for n in _qwen3_30b(enforce_eager=True).notes)

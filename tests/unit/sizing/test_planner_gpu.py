@@ -102,6 +102,8 @@ def test_planner_within_half_a_percent_of_vllm_on_the_h200(rec):
             # the rule of the vLLM that made the row: 0.26 subtracted no CUDA-graph estimate
             # for a dense model (its V2 runner); 0.32's V2 runner does (sizing/cudagraphs.py)
             vllm_version=rec["vllm_version"],
+            # the server's max_num_seqs (its sampler's profile rows); absent: vLLM's default
+            max_num_seqs=rec.get("served_max_num_seqs"),
         ),
     )
     tokens = result.options[0].kv_cache_tokens

@@ -1,0 +1,105 @@
+"""vLLM's profile peak (sizing/profile.py) against the peaks vLLM 0.26 logged on the H100 and
+H200 for the sizing matrix's rows, and against the allocations the peak traces named."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from llm_release.sizing import parse_config
+from llm_release.sizing.planner import v1_runner
+from llm_release.sizing.profile import (
+    compile_peak_bytes,
+    forward_peak_bytes,
+    mla_workspace_tokens,
+    moe_workspace_bytes,
+    profile_peak_bytes,
+    sampler_peak_bytes,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+SHAPES = ROOT / "scripts" / "gpu" / "shapes"
+GiB = 2**30
+
+
+def _arch(shape: str):
+    return parse_config(json.loads((SHAPES / shape / "config.json").read_text()))
+
+
+def _rows() -> list[dict]:
+    rows = []
+    for path in sorted((ROOT / "docs").glob("gpu-sizing-*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["profile_vllm"].get("torch_peak_increase_gib") is not None]
+
+
+ROWS = _rows()
+
+
+def test_the_rows_cover_both_runners_and_both_modes():
+    archs = {r["model"]: _arch(r["model"]) for r in ROWS}
+    runners = {v1_runner(archs[r["model"]], r["vllm_version"]) for r in ROWS}
+    eager = {"--enforce-eager" in r["settings"]["flags"] for r in ROWS}
+    assert len(ROWS) >= 16 and runners == {True, False} and eager == {True, False}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['model']}-{r['settings']['flags']}")
+def test_the_modelled_peak_is_vllms_within_005_gib(row):
+    arch = _arch(row["model"])
+    flags = row["settings"]["flags"]
+    seqs = re.search(r"--max-num-seqs (\d+)", flags)
+    peak = profile_peak_bytes(
+        arch,
+        1,
+        8192,  # vLLM's batched tokens for its server on a GPU of >= 70 GiB (the rows' log)
+        max_num_seqs=int(seqs.group(1)) if seqs else 1024,
+        max_model_len=row["settings"]["max_model_len"],
+        v1_runner=v1_runner(arch, row["vllm_version"]),
+        compiled="--enforce-eager" not in flags,
+    )
+    assert abs(peak / GiB - row["profile_vllm"]["torch_peak_increase_gib"]) <= 0.05
+
+
+def test_the_fused_moe_workspace_is_the_traced_allocation():
+    # docs/gpu-sizing-2026-12-06-h200/*.peak.json: workspace.py _ensure_workspace_size
+    assert moe_workspace_bytes(_arch("qwen3-30b-a3b"), 1, 8192) == 536_870_912
+    assert moe_workspace_bytes(_arch("deepseek-v2-lite"), 1, 8192) == 478_150_656
+    assert moe_workspace_bytes(_arch("llama3.1-8b"), 1, 8192) == 0
+    # tensor parallelism splits the experts' intermediate width, not the hidden size
+    assert moe_workspace_bytes(_arch("deepseek-v2-lite"), 2, 8192) < 478_150_656
+
+
+def test_mla_workspace_follows_vllms_rule():
+    assert mla_workspace_tokens(32768, 32) == 65536  # 8 full lengths, capped at 64k
+    assert mla_workspace_tokens(2048, 4) == 16384  # 8 × 2,048
+    assert mla_workspace_tokens(2048, 4096) == 4096 * 64  # at least one block per sequence
+
+
+def test_the_v1_sampler_outweighs_the_forward_at_vllms_default_rows_only():
+    arch = _arch("qwen3-30b-a3b")
+    forward = forward_peak_bytes(arch, 1, 8192, max_model_len=8192, max_num_seqs=1024)
+    assert sampler_peak_bytes(arch, 1, 8192, 1024, v1_runner=True) > forward
+    assert sampler_peak_bytes(arch, 1, 8192, 32, v1_runner=True) < forward
+    # the V2 runner's sampler keeps its logits in the model dtype, processed in place
+    assert sampler_peak_bytes(arch, 1, 8192, 1024, v1_runner=False) < forward
+
+
+def test_compiling_on_the_v2_runner_holds_the_embedding_table():
+    arch = _arch("gemma3-27b-text")
+    table = arch.vocab_size * arch.hidden_size * 2
+    assert compile_peak_bytes(arch, 1, 8192) >= table
+    eager = profile_peak_bytes(
+        arch, 1, 8192, max_num_seqs=1024, max_model_len=8192, v1_runner=False, compiled=False
+    )
+    graphs = profile_peak_bytes(
+        arch, 1, 8192, max_num_seqs=1024, max_model_len=8192, v1_runner=False, compiled=True
+    )
+    assert eager < table <= graphs
+    # the V1 runner compiles without the table (the Qwen3-30B-A3B graphs row: 0.87 GiB)
+    v1 = profile_peak_bytes(
+        arch, 1, 8192, max_num_seqs=32, max_model_len=8192, v1_runner=True, compiled=True
+    )
+    assert v1 < table
