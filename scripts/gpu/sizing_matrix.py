@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shlex
 import sys
 import tempfile
@@ -65,9 +66,18 @@ def plan_args(flags: str) -> list[str]:
 
 
 def planner_row(
-    shape: str, max_model_len: int, utilization: float, flags: str, gpu_bytes: int, version: str
+    shape: str,
+    max_model_len: int,
+    utilization: float,
+    flags: str,
+    gpu_bytes: int,
+    version: str,
+    prefix_caching: bool | None = None,
 ) -> dict:
-    """The planner's KV tokens and maximum concurrency for one row, through the CLI."""
+    """The planner's KV tokens and maximum concurrency for one row, through the CLI.
+    ``prefix_caching``: what vLLM's engine config said it used (a row's flags may leave it to
+    vLLM's default, which vLLM 0.26 turns off for hybrid models), passed to the plan as the
+    project's server passes it to vLLM; None leaves the plan's default."""
     sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
     from standins import write_standin
 
@@ -82,6 +92,8 @@ def planner_row(
         argv += ["--gpu-memory-gib", repr(gpu_bytes / GiB), "--max-model-len", str(max_model_len)]
         argv += ["--gpu-memory-utilization", str(utilization), "--vllm-version", version]
         argv += plan_args(flags)
+        if prefix_caching is not None and "prefix-caching" not in flags:
+            argv.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             cli.main(argv)
@@ -108,6 +120,7 @@ def build(results: Path) -> list[dict]:
             continue
         version = (report.vllm_version or "").split("+")[0]
         config = json.loads((SHAPES / got["shape"] / "config.json").read_text())
+        prefix = re.search(r"enable_prefix_caching=(True|False)", log)
         row = {
             "model": got["shape"],
             "family": family(config),
@@ -124,6 +137,7 @@ def build(results: Path) -> list[dict]:
             "kv_memory_gib_vllm": report.kv_memory_gib,
             "weights_gib_vllm": report.weights_gib,
             "profile_vllm": report.profile.model_dump() if report.profile else None,
+            "prefix_caching_vllm": prefix.group(1) == "True" if prefix else None,
             "log": f"{got['row']}.log",
         }
         row |= planner_row(
@@ -133,6 +147,7 @@ def build(results: Path) -> list[dict]:
             got["flags"],
             device["total_memory"],
             version,
+            row["prefix_caching_vllm"],
         )
         row["tokens_error"] = round(row["kv_tokens_planner"] / row["kv_tokens_vllm"] - 1, 5)
         row["concurrency_error"] = round(
