@@ -12,7 +12,8 @@
 # again: a later call (back to back, /tmp kept) goes on where a cut one stopped.
 #
 # PEAK_TRACE=1 (the default) puts scripts/gpu/peak_trace on PYTHONPATH: each row also brings
-# back peak/<row>/peak-<pid>.json, the tensors alive at the torch peak of vLLM's profile run.
+# back <row>.peak.json, the tensors alive at the torch peak of vLLM's profile run; LOAD_TRACE=1
+# adds <row>.load.json, what load_model keeps (parameters, buffers, caches) by allocating site.
 #
 # CALL_BUDGET_S (580) bounds the call: a row is begun only when its expected start time
 # (EAGER_EST_S 110, GRAPHS_EST_S 180, from the H100's starts) still fits.
@@ -50,6 +51,12 @@ import json, torch
 p = torch.cuda.get_device_properties(0)
 print(json.dumps({"name": p.name, "total_memory": p.total_memory, "capability": list(torch.cuda.get_device_capability(0))}))' \
   > "$S/device.json" 2>/dev/null
+# a row's traces beside its log: <row>.peak.json (profile_run), <row>.load.json (load_model)
+bring_traces() {
+  local f
+  for f in "$S/peak/$1"/peak-*.json; do [ -f "$f" ] && cp "$f" "$S/$1.peak.json"; done
+  for f in "$S/peak/$1"/kept-*.json; do [ -f "$f" ] && cp "$f" "$S/$1.load.json"; done
+}
 ROW_LIMIT_S=${ROW_LIMIT_S:-300}
 rows=()
 for arg in "$@"; do
@@ -75,7 +82,8 @@ for row in "${rows[@]}"; do
   trace=()
   if [ "${PEAK_TRACE:-1}" = 1 ]; then  # the live tensors at the profile's torch peak
     mkdir -p "$S/peak/$name"
-    trace=(env "PYTHONPATH=$ROOT/scripts/gpu/peak_trace" "LLM_RELEASE_PEAK_TRACE=$S/peak/$name")
+    trace=(env "PYTHONPATH=$ROOT/scripts/gpu/peak_trace" "LLM_RELEASE_PEAK_TRACE=$S/peak/$name"
+      "LLM_RELEASE_LOAD_TRACE=${LOAD_TRACE:-}")
   fi
   setsid "${trace[@]}" .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server \
     --model "$ROOT/scripts/gpu/shapes/$shape" --load-format dummy --skip-tokenizer-init \
@@ -89,11 +97,11 @@ for row in "${rows[@]}"; do
   line=$(grep -E "KV cache size|Maximum concurrency|Available KV cache memory|GPU blocks|Model loading took|torch peak|non-torch|CUDA graph|cudagraph memory|Memory profiling|Total non KV|is equivalent to|Setting attention block size|Initializing a V1|Error|error:" "$S/$name.log" | grep -v "^DEBUG.*Traceback" | tr '\n' ' ' | cut -c1-3000)
   printf '{"row": "%s", "shape": "%s", "max_model_len": %s, "gpu_memory_utilization": %s, "flags": "%s", "lines": "%s"}\n' \
     "$name" "$shape" "$len" "$util" "$flags" "$(echo "$line" | tr -d '"\\')" >> "$S/sizing.jsonl"
-  for f in "$S/peak/$name"/*.json; do [ -f "$f" ] && cp "$f" "$S/$name.peak.json"; done
+  bring_traces "$name"
   rsync -a --exclude peak "$S/" "$OUT/" 2>/dev/null || cp "$S"/*.* "$OUT/"
   log "done $name: $(grep -o 'KV cache size: [0-9,]* tokens' "$S/$name.log" | head -1)"
 done
-for d in "$S"/peak/*/; do n=$(basename "$d"); for f in "$d"*.json; do [ -f "$f" ] && cp "$f" "$S/$n.peak.json"; done; done
+for d in "$S"/peak/*/; do [ -d "$d" ] && bring_traces "$(basename "$d")"; done
 rsync -a --exclude peak "$S/" "$OUT/" 2>/dev/null || cp "$S"/*.* "$OUT/"
 # A call brings back at most 8 files: everything of /tmp/sizing in one archive as well.
 tar -czf /tmp/sizing.tgz -C "$S" --exclude ./peak . && rm -rf "${OUT:?}"/* &&

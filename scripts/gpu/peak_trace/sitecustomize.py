@@ -2,9 +2,10 @@
 
 On PYTHONPATH with LLM_RELEASE_PEAK_TRACE=DIR, every vLLM process (the engine core too)
 wraps GPUModelRunner.profile_run (the V1 and the V2 runner) in torch's allocator history
-and writes DIR/peak-<pid>.json: the peak above the allocation at the run's start (the
-"torch peak memory increase" vLLM logs), and the tensors alive at that moment grouped by
-where vLLM allocated them. A tool for the sizing matrix (scripts/gpu/device_sizing.sh
+and writes DIR/peak-profile_run-<pid>.json: the peak above the allocation at the run's start
+(the "torch peak memory increase" vLLM logs), and the tensors alive at that moment grouped by
+where vLLM allocated them. With LLM_RELEASE_LOAD_TRACE=1 as well, load_model too:
+DIR/kept-load_model-<pid>.json, the tensors it keeps (its "Model loading took" figure). A tool for the sizing matrix (scripts/gpu/device_sizing.sh
 PEAK_TRACE=1): it explains the activation term the planner models; it is never imported by
 the project itself.
 """
@@ -51,8 +52,23 @@ def live_at_peak(events: list[dict]) -> tuple[int, int, list[dict]]:
     return peak, at, list(live.values())
 
 
-def summarize(events: list[dict], top: int = 30) -> dict:
-    peak, at, live = live_at_peak(events)
+def live_at_end(events: list[dict]) -> list[dict]:
+    """The allocations still alive after the last event (what a step keeps)."""
+    live: dict[int, dict] = {}
+    for e in events:
+        if e["action"] == "alloc":
+            live[e["addr"]] = e
+        elif e["action"] == "free_completed":
+            live.pop(e["addr"], None)
+    return list(live.values())
+
+
+def summarize(events: list[dict], top: int = 30, *, kept: bool = False) -> dict:
+    if kept:  # what the step keeps (load_model: parameters, buffers, caches)
+        live = live_at_end(events)
+        peak, at = sum(e["size"] for e in live), len(events) - 1
+    else:
+        peak, at, live = live_at_peak(events)
     groups: dict[str, dict] = {}
     for e in live:
         g = groups.setdefault(_where(e.get("frames", [])), {"bytes": 0, "count": 0, "sizes": []})
@@ -69,15 +85,16 @@ def summarize(events: list[dict], top: int = 30) -> dict:
     }
 
 
-def _patch(module) -> None:
+def _traced(module, method: str, kept: bool):
     import torch
 
     cls = getattr(module, "GPUModelRunner", None)
-    if cls is None or getattr(cls.profile_run, "_peak_traced", False):
+    original = getattr(cls, method, None) if cls is not None else None
+    if original is None or getattr(original, "_peak_traced", False):
         return
-    original = cls.profile_run
+    tag = "kept" if kept else "peak"
 
-    def profile_run(self, *args, **kwargs):
+    def traced(self, *args, **kwargs):
         start = torch.cuda.memory_allocated()
         torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
         try:
@@ -88,21 +105,30 @@ def _patch(module) -> None:
                 snap = torch.cuda.memory._snapshot()
                 torch.cuda.memory._record_memory_history(enabled=None)
                 traces = snap.get("device_traces") or [[]]
-                out = summarize(traces[torch.cuda.current_device()])
+                out = summarize(traces[torch.cuda.current_device()], kept=kept)
                 out["runner"] = module.__name__
+                out["method"] = method
                 out["allocated_at_start"] = start
                 out["max_allocated_minus_start"] = torch.cuda.max_memory_allocated() - start
-                path = os.path.join(
-                    os.environ["LLM_RELEASE_PEAK_TRACE"], f"peak-{os.getpid()}.json"
-                )
+                name = f"{tag}-{method}-{os.getpid()}.json"
+                path = os.path.join(os.environ["LLM_RELEASE_PEAK_TRACE"], name)
                 with open(path, "w") as fh:
                     json.dump(out, fh, indent=1)
-                print(f"peak trace: {out['peak_bytes'] / 2**30:.3f} GiB -> {path}", flush=True)
+                print(
+                    f"peak trace: {method} {out['peak_bytes'] / 2**30:.3f} GiB -> {path}",
+                    flush=True,
+                )
             except Exception as exc:  # a tool: never stop the server it watches
                 print(f"peak trace failed: {exc!r}", flush=True)
 
-    profile_run._peak_traced = True
-    cls.profile_run = profile_run
+    traced._peak_traced = True
+    setattr(cls, method, traced)
+
+
+def _patch(module) -> None:
+    _traced(module, "profile_run", kept=False)
+    if os.environ.get("LLM_RELEASE_LOAD_TRACE"):  # what load_model keeps, grouped by site
+        _traced(module, "load_model", kept=True)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
