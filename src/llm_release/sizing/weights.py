@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Literal
 
 from pydantic import Field
@@ -32,9 +33,54 @@ class WeightBytes(Record):
         description="checkpoint tensors vLLM does not load for these serving settings: what "
         "they are -> bytes (not in total_bytes)",
     )
+    parameters: list[int] = Field(
+        default_factory=list,
+        exclude=True,
+        description="the sizes of the parameters vLLM allocates (q/k/v, gate/up and experts "
+        "fused, vllm_parameters), for load_rounding_bytes; empty for an estimate",
+    )
 
     def per_gpu(self, tp: int) -> int:
-        return (self.total_bytes - self.replicated_bytes) // tp + self.replicated_bytes
+        sharded = (self.total_bytes - self.replicated_bytes) // tp + self.replicated_bytes
+        return sharded + load_rounding_bytes(self.parameters, tp)
+
+
+# vLLM loads a model with the caching allocator's max_split_size_mb at 20
+# (v1/worker/gpu_worker.py load_model, _scoped_allocator_max_split, 0.26). A parameter of
+# 20 MiB or more then gets a block of its own, rounded up to 2 MiB and never split (PyTorch's
+# CUDACachingAllocator: get_allocation_size rounds large requests to kRoundLarge, should_split
+# keeps blocks of max_split_size or more whole), and the allocated bytes vLLM logs as "Model
+# loading took" count the whole block: 2.5 MiB a layer on Gemma-3-12B (a 225 MiB gate_up, a
+# 112.5 MiB down projection), none on Llama-3.1-8B (every parameter a multiple of 2 MiB).
+LOAD_MAX_SPLIT_BYTES = 20 << 20
+LARGE_BLOCK_ROUND_BYTES = 2 << 20
+# vLLM's stacked parameters (each model's stacked_params_mapping and FusedMoE's expert
+# mapping): q/k/v into qkv_proj, gate/up into gate_up_proj, every expert of a layer into one
+FUSED_NAMES = (
+    (re.compile(r"\.[qkv]_proj\."), ".qkv_proj."),
+    (re.compile(r"\.(gate|up)_proj\."), ".gate_up_proj."),
+    (re.compile(r"\.experts\.\d+\."), ".experts."),
+)
+
+
+def vllm_parameters(tensors: dict[str, TensorInfo]) -> list[int]:
+    """The sizes of the parameters vLLM allocates for a checkpoint's tensors (fused)."""
+    fused: dict[str, int] = {}
+    for name, info in tensors.items():
+        for pattern, into in FUSED_NAMES:
+            name = pattern.sub(into, name)
+        fused[name] = fused.get(name, 0) + info.nbytes
+    return sorted(fused.values())
+
+
+def load_rounding_bytes(parameters: list[int], tp: int) -> int:
+    """What the allocator's 2 MiB rounding of whole blocks adds on one rank (rule above)."""
+    extra = 0
+    for size in parameters:
+        shard = size // tp
+        if shard >= LOAD_MAX_SPLIT_BYTES:
+            extra += -shard % LARGE_BLOCK_ROUND_BYTES
+    return extra
 
 
 class TensorInfo(Record):
@@ -197,6 +243,7 @@ def _sum_tensors(tensors: dict[str, TensorInfo]) -> WeightBytes:
         by_dtype=dict(sorted(by_dtype.items())),
         replicated_bytes=replicated,
         tensors=len(tensors),
+        parameters=vllm_parameters(tensors),
     )
 
 

@@ -157,3 +157,37 @@ def test_the_weights_carry_the_rope_caches_on_every_rank():
     assert weights.rope_cache_bytes == rope
     assert weights.total_bytes == 1024 * 4096 * 2 + rope
     assert weights.per_gpu(4) == 1024 * 4096 * 2 // 4 + rope
+
+
+def _shape_weights(shape: str):
+    import json
+    from pathlib import Path
+
+    from llm_release.sizing.weights import TensorInfo, weights_from_tensors
+
+    root = Path(__file__).resolve().parents[3]
+    config = json.loads((root / "scripts" / "gpu" / "shapes" / shape / "config.json").read_text())
+    table = json.loads(
+        (root / "tests" / "unit" / "data" / "gpu" / "shapes" / f"{shape}.tensors.json").read_text()
+    )
+    tensors = {name: TensorInfo(dtype=d, shape=s) for name, (d, s) in table.items()}
+    return weights_from_tensors(tensors, config)
+
+
+def test_vllm_loads_each_large_parameter_in_a_whole_2_mib_block():
+    """vLLM loads under max_split_size_mb 20: a parameter of 20 MiB or more takes its size
+    rounded up to 2 MiB. Gemma-3-12B: the fused gate_up (225 MiB) and down (112.5 MiB) of 48
+    layers add 2.5 MiB each, its 1,920.47 MiB embedding 1.53 MiB (vLLM logged 22.62 GiB
+    where the parameters and RoPE caches are 22.48); Llama-3.1-8B's are all whole."""
+    mib = 1 << 20
+    gemma = _shape_weights("gemma3-12b-text")
+    embed = 262_208 * 3840 * 2
+    assert gemma.per_gpu(1) - gemma.total_bytes == 48 * 5 * mib // 2 + (-embed % (2 * mib))
+    assert round(gemma.per_gpu(1) / 2**30, 2) == 22.60
+    llama = _shape_weights("llama3.1-8b")
+    assert llama.per_gpu(1) == llama.total_bytes
+    # over two ranks each shard is rounded on its own: 112.5 -> 114 and 56.25 -> 58 MiB
+    from llm_release.sizing.weights import load_rounding_bytes
+
+    half = -(embed // 2) % (2 * mib)
+    assert load_rounding_bytes(gemma.parameters, 2) == 48 * 13 * mib // 4 + half
