@@ -93,7 +93,9 @@ def planner_row(
         argv += ["--gpu-memory-utilization", str(utilization), "--vllm-version", version]
         argv += plan_args(flags)
         if prefix_caching is not None and "prefix-caching" not in flags:
-            argv.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
+            argv.append(
+                "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"
+            )
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             cli.main(argv)

@@ -59,9 +59,15 @@ def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.Plan
 def plan_release(
     config: ReleaseConfig, host: Hardware, files: hub_headers.ModelFiles
 ) -> planner.CapacityPlan:
-    """The plan for the release's serving settings; raises when one sequence cannot fit."""
-    dtype = served_dtype(config.serving.dtype, host, files.config)
-    request = _request(config.serving, host, dtype)
+    """The plan for the release's serving settings; raises when one sequence cannot fit.
+    With no max_num_seqs on a GPU the server gets one at start (resolve_batch: what fits,
+    from a plan of one sequence), so the fit is judged as resolve_batch judges it: vLLM's
+    default 1,024 sequences would profile a sampler the server never gets."""
+    serving = config.serving
+    if host.cuda and serving.max_num_seqs is None:
+        serving = serving.model_copy(update={"max_num_seqs": 1})
+    dtype = served_dtype(serving.dtype, host, files.config)
+    request = _request(serving, host, dtype)
     result = planner.plan(
         planner.parse_config(files.config),
         planner.served_weights(files.tensors, files.config, request),

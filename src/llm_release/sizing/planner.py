@@ -256,6 +256,11 @@ def request_graphs(arch: ModelArch, request: PlanRequest, runtime: Runtime) -> C
     return graphs
 
 
+def captures_full_graphs(arch: ModelArch, request: PlanRequest, runtime: Runtime) -> bool:
+    """Whether the server captures FULL CUDA graphs (not under --enforce-eager)."""
+    return request_graphs(arch, request, runtime).full_graphs > 0
+
+
 def request_max_num_seqs(request: PlanRequest) -> int:
     """The server's max_num_seqs: the request's, else vLLM's default for the GPU."""
     return request.max_num_seqs or vllm_default_max_num_seqs(request.gpu_memory_gib)
@@ -570,6 +575,21 @@ def plan(
             reasons.append(
                 f"max concurrency {cap.max_concurrency:.2f} at {max_len:,} tokens < "
                 f"the {request.concurrency} requested"
+            )
+        seqs = request_max_num_seqs(request)
+        if (
+            request.device == "gpu"
+            and arch.linear
+            and captures_full_graphs(arch, request, runtime)
+            and kv_mem > 0
+            and seqs > cap.num_blocks
+        ):
+            # config/compilation.py (0.26): each decode sequence of a FULL CUDA graph holds
+            # one Mamba / Gated DeltaNet state block; vLLM refuses to start with fewer blocks
+            reasons.append(
+                f"max_num_seqs {seqs} exceeds the {cap.num_blocks:,} KV blocks: each decoding "
+                "sequence holds one linear-attention state block and vLLM refuses to start; "
+                f"serve with --max-num-seqs {cap.num_blocks:,} or less"
             )
         min_util = None
         if budget:

@@ -253,3 +253,19 @@ def test_a_run_form_tensor_parallel_size_is_a_positive_number_or_auto(value):
 
     with pytest.raises(ValidationError):
         ServingConfig(tensor_parallel_size=value)
+
+
+def test_the_fit_on_a_gpu_is_judged_for_the_batch_the_server_will_get(h200_memory):
+    """No max_num_seqs: the server gets what fits at start (resolve_batch), so the plan stage
+    judges the fit for one sequence, not for the sampler of vLLM's default 1,024; an explicit
+    1,024 is planned as given."""
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(20), shards=[])
+    unset = plan_release(_auto(tp=1), _gpus(1), files)
+    assert unset.request.max_num_seqs == 1
+    given = _auto(tp=1).model_copy(deep=True)
+    given.serving.max_num_seqs = 1024
+    explicit = plan_release(given, _gpus(1), files)
+    assert explicit.request.max_num_seqs == 1024
+    assert explicit.options[0].overhead_per_gpu_bytes > unset.options[0].overhead_per_gpu_bytes
+    cpu = ModelFiles(source="hub", config=_big(), tensors={}, shards=[])
+    assert plan_release(_auto(), CPU, cpu).request.max_num_seqs is None

@@ -53,8 +53,13 @@ def test_the_seeds_shape_gets_the_sequences_of_its_workload_not_of_32k():
 
 def test_a_small_kv_cache_never_gets_vllms_default_and_still_holds_max_model_len():
     """Qwen3.5-35B-A3B at 0.5 and 32k: vLLM's 1,024 left less than one sequence (it refused
-    to start); the choice stays under the state blocks and keeps one 32k sequence."""
-    result = shape_plan("qwen3.5-35b-a3b-shape", 0.5, 32768)
+    to start); the choice stays under the state blocks and keeps one 32k sequence. The plan
+    is made for one sequence, as resolve_batch makes it; at vLLM's default the plan itself
+    says vLLM would refuse (more sequences than state blocks)."""
+    default = shape_plan("qwen3.5-35b-a3b-shape", 0.5, 32768)
+    assert not default.fits and "linear-attention state block" in default.options[0].reasons[0]
+    assert shape_plan("qwen3.5-35b-a3b-shape", 0.5, 32768, enforce_eager=True).fits  # no graphs
+    result = shape_plan("qwen3.5-35b-a3b-shape", 0.5, 32768, max_num_seqs=1)
     option = result.options[0]
     choice = choose_max_num_seqs(result, 768, 1024)
     assert result.fits
