@@ -76,10 +76,25 @@ GPU_CUDA_GRAPH_ESTIMATE_GIB = 0.45
 REFERENCE_GRAPHS = 102
 
 
+# vLLM's estimate is the memory of a first capture and then of each further graph
+# (gpu_model_runner.profile_cudagraph_memory, V1: "Estimated PIECEWISE CUDA graph memory: X
+# MiB first-capture + (n-1) × Y MiB per-graph"). The first capture took 44 and 100 MiB in the
+# H200 logs of 2026-12-06 (Qwen3-30B-A3B at 32 sequences, the 16-layer Qwen3.5 hybrid at 64),
+# the graphs after it 1-6 MiB: the planner takes the larger first capture once, then its
+# per-graph figure for every graph after the first. Against vLLM's totals that is 46-63 MiB
+# above at 18-30 graphs, 22 MiB above at 68, 22 MiB below at 90 (Qwen3.5-35B-A3B) and 144
+# MiB above at 102 (a 16-layer MoE).
+GRAPH_FIRST_CAPTURE_BYTES = 100 << 20
+
+
 def graph_bytes(graphs: int) -> int:
-    """What the planner reserves for ``graphs`` graphs on one GPU (exactly the former 0.45 GiB
-    at REFERENCE_GRAPHS)."""
-    return int(graphs * GPU_CUDA_GRAPH_ESTIMATE_GIB * GiB / REFERENCE_GRAPHS)
+    """What the planner reserves for ``graphs`` graphs on one GPU: one first capture, then
+    the per-graph figure (the former 0.45 GiB spread over REFERENCE_GRAPHS) for each further
+    graph."""
+    if graphs <= 0:
+        return 0
+    per_graph = GPU_CUDA_GRAPH_ESTIMATE_GIB * GiB / REFERENCE_GRAPHS
+    return int(GRAPH_FIRST_CAPTURE_BYTES + (graphs - 1) * per_graph)
 
 
 def vllm_default_max_num_seqs(gpu_memory_gib: float, gpu_name: str = "") -> int:
