@@ -20,8 +20,10 @@ The peak is the largest of three moments:
     ``:4096:8``), allocated by the first unquantized GEMM and kept;
   - fused MoE: the modular kernel's workspace (``fused_moe/modular_kernel.py``
     ``workspace_shapes`` through ``v1/worker/workspace.py``, kept once allocated):
-    T·top-k·(max(2·I_moe, H) + max(I_moe, H))·a, plus three hidden-state buffers, the QKV
-    projection and three query-width buffers of the attention (or MLA's below);
+    T·top-k·(max(2·I_moe, H) + max(I_moe, H))·a, plus three hidden-state buffers and the
+    larger of the attention's moment (the QKV projection and three query-width buffers, or
+    MLA's below) and the shared experts' MLP (3·T·I_shared·a); a model's leading dense layers
+    (DeepSeek's first_k_dense_replace) run their dense MLP before the workspace exists;
   - MLA (``layers/attention/mla_attention.py``): in the profile run the prefill context's
     worst case, ``chunked_prefill_workspace_size × heads × (qk_nope + v)·a`` with the
     workspace ``max(min(max(8·max_model_len, 4·max_num_seqs·block), 65,536),
@@ -85,25 +87,31 @@ def forward_peak_bytes(
     hidden = tokens * arch.hidden_size * a
     q_width = arch.num_attention_heads // tp * arch.head_dim
     kv_width = max(1, arch.num_kv_heads // tp) * arch.head_dim
-    peak = CUBLAS_WORKSPACE_BYTES
-    if arch.moe:
-        peak += moe_workspace_bytes(arch, tp, tokens) + 3 * hidden
-        if arch.mla:
-            m = arch.mla
-            heads = arch.num_attention_heads // tp
-            work = mla_workspace_tokens(max_model_len, max_num_seqs)
-            peak += work * heads * (m.qk_nope_head_dim + m.v_head_dim) * a
-            peak += tokens * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) * a
-            peak += tokens * (m.kv_lora_rank + m.qk_rope_head_dim) * a
-        else:
-            peak += tokens * (q_width + 2 * kv_width) * a + 3 * tokens * q_width * a
-        if arch.linear:
-            lin = arch.linear
-            widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
-            peak += tokens * widths // tp * a
-        return peak
     buffers = 3 + (2 if arch.model_type in SANDWICH_NORM_TYPES else 0)
-    return peak + buffers * hidden + 3 * tokens * (arch.intermediate_size // tp) * a
+    dense_mlp = CUBLAS_WORKSPACE_BYTES + buffers * hidden
+    dense_mlp += 3 * tokens * (arch.intermediate_size // tp) * a
+    if not arch.moe:
+        return dense_mlp
+    # a MoE model's layers: its leading dense layers run before any expert allocates the
+    # kept workspace; in every other layer the workspace is there for the attention and the
+    # experts (with the shared experts' MLP beside them)
+    kept = CUBLAS_WORKSPACE_BYTES + moe_workspace_bytes(arch, tp, tokens) + 3 * hidden
+    if arch.mla:
+        m = arch.mla
+        heads = arch.num_attention_heads // tp
+        work = mla_workspace_tokens(max_model_len, max_num_seqs)
+        attention = work * heads * (m.qk_nope_head_dim + m.v_head_dim) * a
+        attention += tokens * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) * a
+        attention += tokens * (m.kv_lora_rank + m.qk_rope_head_dim) * a
+    else:
+        attention = tokens * (q_width + 2 * kv_width) * a + 3 * tokens * q_width * a
+    if arch.linear:
+        lin = arch.linear
+        widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
+        attention += tokens * widths // tp * a
+    shared = 3 * tokens * (arch.moe.shared_intermediate_size // tp) * a
+    peak = kept + max(attention, shared)
+    return max(peak, dense_mlp) if arch.moe.dense_layers else peak
 
 
 def sampler_peak_bytes(arch: ModelArch, tp: int, tokens: int, rows: int, *, v1_runner: bool) -> int:

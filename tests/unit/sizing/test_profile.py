@@ -103,3 +103,18 @@ def test_compiling_on_the_v2_runner_holds_the_embedding_table():
         arch, 1, 8192, max_num_seqs=32, max_model_len=8192, v1_runner=True, compiled=True
     )
     assert v1 < table
+
+
+def test_a_moe_models_dense_layers_and_shared_experts_are_moments_of_their_own():
+    arch = _arch("deepseek-v2-lite")  # one leading dense layer (intermediate 10,944), 2 shared
+    kwargs = {"max_model_len": 32768, "max_num_seqs": 32}
+    base = forward_peak_bytes(arch, 1, 8192, **kwargs)
+    # the MLA moment is the larger one here (the traced 1.13 GiB): neither term moves it
+    wide_dense = arch.model_copy(update={"intermediate_size": 60_000})
+    assert forward_peak_bytes(wide_dense, 1, 8192, **kwargs) > base  # its dense layer now
+    moe = arch.moe.model_copy(update={"dense_layers": 0})
+    assert forward_peak_bytes(wide_dense.model_copy(update={"moe": moe}), 1, 8192, **kwargs) == base
+    shared = arch.model_copy(
+        update={"moe": arch.moe.model_copy(update={"shared_intermediate_size": 60_000})}
+    )
+    assert forward_peak_bytes(shared, 1, 8192, **kwargs) > base
