@@ -30,7 +30,7 @@ from llm_release.sizing.kv import (
     kv_layout,
     seeds_kv_bytes_per_token,
 )
-from llm_release.sizing.profile import profile_peak_bytes
+from llm_release.sizing.profile import profile_moments, profile_peak_bytes
 from llm_release.sizing.weights import (
     TensorInfo,
     WeightBytes,
@@ -466,6 +466,24 @@ def online_fp8_weights(arch: ModelArch, weights: WeightBytes) -> WeightBytes:
 GRAPH_RULE_VERSIONS = ("0.26", "0.32")
 
 
+def _peak_note(arch: ModelArch, request: PlanRequest, runtime: Runtime, max_len: int) -> str:
+    v1 = v1_runner(arch, request.vllm_version)
+    moments = profile_moments(
+        arch,
+        runtime.tensor_parallel_size,
+        default_batched_tokens(runtime),
+        max_num_seqs=request_max_num_seqs(request),
+        max_model_len=max_len,
+        v1_runner=v1,
+        compiled=not request.enforce_eager,
+    )
+    moment, peak = max(moments.items(), key=lambda kv: kv[1])
+    return (
+        f"vLLM's profile peak: {peak / GiB:.2f} GiB per GPU at {moment} "
+        f"({'V1' if v1 else 'V2'} model runner, {default_batched_tokens(runtime):,} tokens)"
+    )
+
+
 def _graph_notes(arch: ModelArch, request: PlanRequest, graphs: CudaGraphs) -> list[str]:
     notes: list[str] = []
     if graphs.mode == "NONE":
@@ -558,6 +576,7 @@ def plan(
             )
             if request.non_kv_overhead_gib is None and tp == counts[0]:
                 notes.extend(_graph_notes(arch, request, graphs))
+                notes.append(_peak_note(arch, request, runtime, max_len))
             budget = request.gpu_memory_gib * GiB
             kv_mem = int(budget * request.gpu_memory_utilization) - w - overhead
             if kv_mem <= 0:

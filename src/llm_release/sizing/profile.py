@@ -132,6 +132,31 @@ def compile_peak_bytes(arch: ModelArch, tp: int, tokens: int) -> int:
     return arch.vocab_size // tp * arch.hidden_size * a + 2 * tokens * arch.hidden_size * a
 
 
+def profile_moments(
+    arch: ModelArch,
+    tp: int,
+    tokens: int,
+    *,
+    max_num_seqs: int,
+    max_model_len: int,
+    v1_runner: bool,
+    compiled: bool,
+) -> dict[str, int]:
+    """Each moment's peak (the forward, the sampler, compilation where it happens)."""
+    rows = min(tokens, max_num_seqs)
+    moments = {
+        "the forward": forward_peak_bytes(
+            arch, tp, tokens, max_model_len=max_model_len, max_num_seqs=max_num_seqs
+        ),
+        f"the sampler's {rows:,} rows": sampler_peak_bytes(
+            arch, tp, tokens, rows, v1_runner=v1_runner
+        ),
+    }
+    if compiled and not v1_runner:
+        moments["compilation's example inputs"] = compile_peak_bytes(arch, tp, tokens)
+    return moments
+
+
 def profile_peak_bytes(
     arch: ModelArch,
     tp: int,
@@ -143,13 +168,14 @@ def profile_peak_bytes(
     compiled: bool,
 ) -> int:
     """vLLM's "torch peak memory increase" for one rank (module docstring)."""
-    rows = min(tokens, max_num_seqs)
-    peak = max(
-        forward_peak_bytes(
-            arch, tp, tokens, max_model_len=max_model_len, max_num_seqs=max_num_seqs
-        ),
-        sampler_peak_bytes(arch, tp, tokens, rows, v1_runner=v1_runner),
+    return max(
+        profile_moments(
+            arch,
+            tp,
+            tokens,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            v1_runner=v1_runner,
+            compiled=compiled,
+        ).values()
     )
-    if compiled and not v1_runner:
-        peak = max(peak, compile_peak_bytes(arch, tp, tokens))
-    return peak

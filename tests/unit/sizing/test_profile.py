@@ -118,3 +118,23 @@ def test_a_moe_models_dense_layers_and_shared_experts_are_moments_of_their_own()
         update={"moe": arch.moe.model_copy(update={"shared_intermediate_size": 60_000})}
     )
     assert forward_peak_bytes(shared, 1, 8192, **kwargs) > base
+
+
+def test_the_plan_names_the_moment_of_its_profile_peak():
+    from llm_release.sizing import PlanRequest, estimate_weights, plan
+
+    def note(shape: str, **request) -> str:
+        arch = _arch(shape)
+        result = plan(
+            arch,
+            estimate_weights(arch, "bf16"),
+            PlanRequest(device="gpu", gpu_memory_gib=139.8, gpu_counts=[1], **request),
+        )
+        (found,) = [n for n in result.notes if n.startswith("vLLM's profile peak")]
+        return found
+
+    assert "the sampler's 1,024 rows (V1 model runner" in note(
+        "qwen3-30b-a3b", vllm_version="0.26.0"
+    )
+    assert "compilation's example inputs (V2" in note("gemma3-27b-text", vllm_version="0.26.0")
+    assert "the forward (V2" in note("gemma3-27b-text", vllm_version="0.26.0", enforce_eager=True)
