@@ -157,25 +157,7 @@ def profile_moments(
     return moments
 
 
-def profile_peak_bytes(
-    arch: ModelArch,
-    tp: int,
-    tokens: int,
-    *,
-    max_num_seqs: int,
-    max_model_len: int,
-    v1_runner: bool,
-    compiled: bool,
-) -> int:
-    """vLLM's "torch peak memory increase" for one rank (module docstring)."""
-    return max(
-        profile_moments(
-            arch,
-            tp,
-            tokens,
-            max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
-            v1_runner=v1_runner,
-            compiled=compiled,
-        ).values()
-    )
+def profile_peak_bytes(arch: ModelArch, tp: int, tokens: int, **settings: int | bool) -> int:
+    """vLLM's "torch peak memory increase" for one rank (module docstring): the largest of
+    profile_moments, whose keyword settings it takes."""
+    return max(profile_moments(arch, tp, tokens, **settings).values())  # type: ignore[arg-type]
