@@ -74,6 +74,12 @@ def plan_release(
         request,
         model=config.source.repo_id,
     )
+    if serving is not config.serving:
+        note = (
+            "planned for one sequence: the server's max_num_seqs is chosen at start "
+            "(the workload's sequences its KV cache holds, at most vLLM's default)"
+        )
+        result = result.model_copy(update={"notes": [*result.notes, note]})
     if not result.fits:
         raise ConfigError(
             f"the serving settings cannot fit {config.source.repo_id} on this host: {result.verdict}",

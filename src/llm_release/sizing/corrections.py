@@ -31,6 +31,9 @@ from llm_release.sizing.vllm_report import KvCheck
 log = logging.getLogger(__name__)
 
 MAX_RECORDS = 50  # per version: the latest starts; older ones describe older settings
+# The estimate a record's ratio was taken against: a ratio learned on one estimate does not
+# correct another. 1: the fitted activation terms (before 2026-12-06); 2: sizing/profile.py.
+ESTIMATOR = 2
 FACTOR_RANGE = (0.25, 4.0)  # a ratio outside it is a broken record, not a correction
 
 
@@ -44,6 +47,7 @@ class OverheadRecord(Record):
     estimated_bytes: int = Field(description="the planner's own estimate, uncorrected")
     observed_bytes: int | None = Field(description="what vLLM left for non-KV; None on CPU")
     tokens_error: float = Field(description="(planner − vLLM) / vLLM KV-cache tokens")
+    estimator: int = Field(1, description="ESTIMATOR when it was recorded (absent: 1)")
 
 
 class Store(Record):
@@ -125,6 +129,7 @@ def record(check: KvCheck, model: str, path: Path | None = None) -> OverheadReco
         estimated_bytes=check.planner_overhead_bytes,
         observed_bytes=observed_overhead(check),
         tokens_error=check.tokens_error,
+        estimator=ESTIMATOR,
     )
     store.versions[version] = (store.versions.get(version, []) + [entry])[-MAX_RECORDS:]
     atomic_write_text(path, store.model_dump_json(indent=2) + "\n")
@@ -132,14 +137,18 @@ def record(check: KvCheck, model: str, path: Path | None = None) -> OverheadReco
 
 
 def learned(version: str | None, path: Path | None = None) -> Correction | None:
-    """The factor for ``version``: the median of observed / estimated over its GPU starts."""
+    """The factor for ``version``: the median of observed / estimated over its GPU starts
+    recorded against today's estimate (ESTIMATOR)."""
     version = normalize_version(version)
     if version is None:
         return None
     ratios = [
         r.observed_bytes / r.estimated_bytes
         for r in load(path).versions.get(version, [])
-        if r.observed_bytes is not None and r.estimated_bytes > 0 and r.observed_bytes > 0
+        if r.estimator == ESTIMATOR
+        and r.observed_bytes is not None
+        and r.estimated_bytes > 0
+        and r.observed_bytes > 0
     ]
     ratios = [x for x in ratios if FACTOR_RANGE[0] <= x <= FACTOR_RANGE[1]]
     if not ratios:

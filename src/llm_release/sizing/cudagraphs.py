@@ -30,7 +30,8 @@ vLLM 0.32's rules, read from its source (vllm/...):
   PIECEWISE graph and the two largest FULL graphs and extrapolates the FULL ones as
   ``first + (n − 1) × second``; the V1 runner (``gpu_model_runner.profile_cudagraph_memory``)
   captures the two largest of each mode and takes ``max(first) + Σ (n − 1) × second``.
-  Both grow by one graph's memory per graph; counted here as ``graphs × per graph``.
+  Both are a first capture and then one graph's memory per further graph; counted here
+  as ``first capture + (graphs − 1) × per graph`` over both modes (``graph_bytes``).
 
 What one graph takes is a GPU measurement, not in the source: ``graph_bytes`` below.
 """
@@ -145,7 +146,9 @@ class CudaGraphs(Record):
     capture_sizes: list[int] = Field(default_factory=list)
     piecewise_graphs: int = 0
     full_graphs: int = 0
-    bytes: int = Field(0, description="the profiler's estimate as planned: graphs × per graph")
+    bytes: int = Field(
+        0, description="the profiler's estimate as planned: first capture + per further graph"
+    )
 
     @property
     def graphs(self) -> int:

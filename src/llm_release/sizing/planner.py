@@ -298,19 +298,42 @@ def estimate_overhead_bytes(
     return peak + int(non_torch * GiB) + cuda_graph_bytes
 
 
+def modelled_version(vllm_version: str | None) -> bool:
+    """Whether the planner follows this vLLM version's rules (None: the pinned 0.32)."""
+    version = (vllm_version or "").strip().lstrip("v")
+    return not version or any(
+        version == v or version.startswith(v + ".") for v in GRAPH_RULE_VERSIONS
+    )
+
+
+def runners_to_plan(arch: ModelArch, vllm_version: str | None) -> tuple[bool, ...]:
+    """The model runners whose profile the plan takes (True: V1): the version's own; for a
+    version the planner does not know, both for a MoE or hybrid model (where unsure, the
+    larger peak: V1's sampler holds 14 B a logit, V2's 2 B)."""
+    if modelled_version(vllm_version) or not (arch.moe or arch.linear):
+        return (v1_runner(arch, vllm_version),)
+    return (True, False)
+
+
+def _profile_settings(request: PlanRequest, max_model_len: int) -> dict:
+    """The serving settings vLLM's profile run depends on, as profile_moments takes them."""
+    return {
+        "max_num_seqs": request_max_num_seqs(request),
+        "max_model_len": max_model_len,
+        "compiled": not request.enforce_eager,
+    }
+
+
 def request_overhead_bytes(
     arch: ModelArch, request: PlanRequest, runtime: Runtime, max_model_len: int
 ) -> int:
     """estimate_overhead_bytes for a request's serving settings on one rank."""
-    return estimate_overhead_bytes(
-        arch,
-        runtime.tensor_parallel_size,
-        default_batched_tokens(runtime),
-        max_num_seqs=request_max_num_seqs(request),
-        max_model_len=max_model_len,
-        v1=v1_runner(arch, request.vllm_version),
-        compiled=not request.enforce_eager,
-        cuda_graph_bytes=request_graphs(arch, request, runtime).bytes,
+    graphs = request_graphs(arch, request, runtime).bytes
+    tp, tokens = runtime.tensor_parallel_size, default_batched_tokens(runtime)
+    settings = _profile_settings(request, max_model_len)
+    return max(
+        estimate_overhead_bytes(arch, tp, tokens, v1=v1, cuda_graph_bytes=graphs, **settings)
+        for v1 in runners_to_plan(arch, request.vllm_version)
     )
 
 
@@ -467,20 +490,23 @@ GRAPH_RULE_VERSIONS = ("0.26", "0.32")
 
 
 def _peak_note(arch: ModelArch, request: PlanRequest, runtime: Runtime, max_len: int) -> str:
-    v1 = v1_runner(arch, request.vllm_version)
-    moments = profile_moments(
-        arch,
-        runtime.tensor_parallel_size,
-        default_batched_tokens(runtime),
-        max_num_seqs=request_max_num_seqs(request),
-        max_model_len=max_len,
-        v1_runner=v1,
-        compiled=not request.enforce_eager,
+    runners = runners_to_plan(arch, request.vllm_version)
+    peaks = []
+    tp, tokens = runtime.tensor_parallel_size, default_batched_tokens(runtime)
+    settings = _profile_settings(request, max_len)
+    for v1 in runners:
+        moments = profile_moments(arch, tp, tokens, v1_runner=v1, **settings)
+        moment, peak = max(moments.items(), key=lambda kv: kv[1])
+        peaks.append((peak, moment, "V1" if v1 else "V2"))
+    peak, moment, runner = max(peaks)
+    unsure = (
+        f", the larger of V1's and V2's: vLLM {request.vllm_version}'s runner is not modelled"
+        if len(runners) > 1
+        else ""
     )
-    moment, peak = max(moments.items(), key=lambda kv: kv[1])
     return (
         f"vLLM's profile peak: {peak / GiB:.2f} GiB per GPU at {moment} "
-        f"({'V1' if v1 else 'V2'} model runner, {default_batched_tokens(runtime):,} tokens)"
+        f"({runner} model runner, {default_batched_tokens(runtime):,} tokens{unsure})"
     )
 
 
@@ -505,9 +531,7 @@ def _graph_notes(arch: ModelArch, request: PlanRequest, graphs: CudaGraphs) -> l
             f"{graphs.piecewise_graphs} PIECEWISE + {graphs.full_graphs} FULL graphs; {reserved}"
         )
     version = (request.vllm_version or "").strip().lstrip("v")
-    if version and not any(
-        version == v or version.startswith(v + ".") for v in GRAPH_RULE_VERSIONS
-    ):
+    if not modelled_version(version):
         notes.append(
             f"CUDA graphs: vLLM {version}'s capture rule is not modelled; vLLM 0.32's is used "
             "and the estimate is subtracted for every model"

@@ -60,6 +60,7 @@ FUSED_NAMES = (
     (re.compile(r"\.[qkv]_proj\."), ".qkv_proj."),
     (re.compile(r"\.(gate|up)_proj\."), ".gate_up_proj."),
     (re.compile(r"\.experts\.\d+\."), ".experts."),
+    (re.compile(r"\.experts\.w[13]\."), ".experts.w13."),  # Mixtral, PhiMoE
 )
 
 

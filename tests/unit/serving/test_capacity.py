@@ -262,6 +262,7 @@ def test_the_fit_on_a_gpu_is_judged_for_the_batch_the_server_will_get(h200_memor
     files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(20), shards=[])
     unset = plan_release(_auto(tp=1), _gpus(1), files)
     assert unset.request.max_num_seqs == 1
+    assert any("max_num_seqs is chosen at start" in n for n in unset.notes)
     given = _auto(tp=1).model_copy(deep=True)
     given.serving.max_num_seqs = 1024
     explicit = plan_release(given, _gpus(1), files)

@@ -98,3 +98,20 @@ def test_other_versions_cpu_and_damaged_stores_get_no_correction(tmp_path) -> No
     assert corrections.learned("0.31.1", store).records == 1  # the GPU start only
     store.write_text("{not json")
     assert corrections.learned("0.31.1", store) is None
+
+
+def test_records_against_an_older_estimate_correct_nothing(tmp_path) -> None:
+    """A ratio learned against the fitted estimate of before sizing/profile.py would scale
+    a different formula: records without today's ESTIMATOR are kept but not learned from."""
+    store = tmp_path / "corrections.json"
+    _, check = gpu_check(1.0)
+    corrections.record(check, "llama-8b", store)
+    data = corrections.load(store)
+    old = data.versions["0.32.0"][0].model_dump(exclude={"estimator"})  # as written before
+    store.write_text(
+        corrections.Store.model_validate({"versions": {"0.32.0": [old]}}).model_dump_json()
+    )
+    assert corrections.load(store).versions["0.32.0"][0].estimator == 1
+    assert corrections.learned("0.32.0", store) is None
+    corrections.record(check, "llama-8b", store)
+    assert corrections.learned("0.32.0", store).records == 1

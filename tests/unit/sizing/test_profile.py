@@ -138,3 +138,7 @@ def test_the_plan_names_the_moment_of_its_profile_peak():
     )
     assert "compilation's example inputs (V2" in note("gemma3-27b-text", vllm_version="0.26.0")
     assert "the forward (V2" in note("gemma3-27b-text", vllm_version="0.26.0", enforce_eager=True)
+    # a version whose runner is not modelled: the larger of V1's and V2's peaks, said so
+    unknown = note("qwen3-30b-a3b", vllm_version="0.27.1")
+    assert "V1 model runner" in unknown and "0.27.1's runner is not modelled" in unknown
+    assert "V2 model runner" in note("qwen3-30b-a3b", vllm_version="0.32.0")

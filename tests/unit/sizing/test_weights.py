@@ -191,3 +191,25 @@ def test_vllm_loads_each_large_parameter_in_a_whole_2_mib_block():
 
     half = -(embed // 2) % (2 * mib)
     assert load_rounding_bytes(gemma.parameters, 2) == 48 * 13 * mib // 4 + half
+
+
+def test_vllm_parameters_fuse_as_vllm_stacks_them():
+    from llm_release.sizing.weights import TensorInfo, vllm_parameters
+
+    def t(*shape):
+        return TensorInfo(dtype="BF16", shape=list(shape))
+
+    tensors = {
+        "model.layers.0.self_attn.q_proj.weight": t(4096, 4096),
+        "model.layers.0.self_attn.k_proj.weight": t(1024, 4096),
+        "model.layers.0.self_attn.v_proj.weight": t(1024, 4096),
+        "model.layers.0.mlp.gate_proj.weight": t(14336, 4096),
+        "model.layers.0.mlp.up_proj.weight": t(14336, 4096),
+        "model.layers.1.block_sparse_moe.experts.0.w1.weight": t(100, 4096),
+        "model.layers.1.block_sparse_moe.experts.1.w3.weight": t(100, 4096),
+        "model.layers.1.block_sparse_moe.experts.0.w2.weight": t(4096, 100),
+    }
+    mb = 2 * 4096
+    assert vllm_parameters(tensors) == sorted(
+        [6144 * mb, 2 * 14336 * mb, 200 * mb, 100 * mb]  # qkv, gate_up, Mixtral w13, w2
+    )
