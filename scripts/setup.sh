@@ -162,6 +162,39 @@ pins=cpu
 [ "$runtime" = cpu ] || pins=gpu
 
 # --- a wheelhouse: its manifest must be for this python and these pins ------------------------
+# The requirements given after DIR and HOST_TORCH (1 or 0) that pin an exact version and are
+# neither a file of DIR (a wheel or an sdist of that name and version) nor, with HOST_TORCH
+# 1, a distribution this interpreter has at that version; printed comma-separated. A pin with
+# an environment marker is left to pip.
+pins_in_wheelhouse='
+import re, sys
+from importlib import metadata
+from pathlib import Path
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+folder, host = Path(sys.argv[1]), sys.argv[2] == "1"
+have = set()
+for f in folder.iterdir():
+    stem = f.name[: -len(".whl")] if f.name.endswith(".whl") else f.name[: -len(".tar.gz")] if f.name.endswith(".tar.gz") else None
+    if stem and "-" in stem:
+        name, version = (stem.split("-")[:2] if f.name.endswith(".whl") else stem.rsplit("-", 1))
+        have.add((norm(name), version))
+missing = []
+for req in sys.argv[3:]:
+    m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^]]*\])?\s*==\s*([^\s;,]+)\s*", req)
+    if not m or (norm(m[1]), m[3]) in have:
+        continue
+    if host:
+        try:
+            if metadata.version(m[1]) == m[3]:
+                continue
+        except metadata.PackageNotFoundError:
+            pass
+    missing.append(f"{m[1]}=={m[3]}")
+print(", ".join(missing))
+'
 SRC=()
 if [ -n "$wheelhouse" ]; then
   [ -f "$wheelhouse/MANIFEST" ] ||
@@ -183,6 +216,18 @@ if [ -n "$wheelhouse" ]; then
     [[ ",$m_venvs," == *",$v,"* ]] ||
       die "wheelhouse $wheelhouse holds the $m_venvs virtualenv(s), not $v: make it without ONLY=, or run setup with ONLY=$m_venvs"
   done
+  # Every pin of pyproject.toml the pipeline virtualenv takes must be in DIR (or, with
+  # HOST_TORCH=1, among the host interpreter's packages): a wheelhouse made from another
+  # checkout's pyproject.toml would otherwise fail in pip minutes later, naming one package
+  # (2026-12-06: one made before prefect-kubernetes was pinned).
+  if [[ " ${venvs[*]} " == *" pipeline "* ]]; then
+    mapfile -t pinned < <(pipeline_requirements "$PYTHON" no-torch)
+    missing=$("$PYTHON" -c "$pins_in_wheelhouse" "$wheelhouse" "$host_torch" "${pinned[@]}") ||
+      die "could not read the wheelhouse $wheelhouse with $PYTHON"
+    m_pyproject=$(sed -n 's/^pipeline=pyproject.toml \([0-9a-f]*\).*/\1/p' "$wheelhouse/MANIFEST" | head -n1)
+    [ -z "$missing" ] ||
+      die "wheelhouse $wheelhouse lacks $missing, pinned by this checkout's pyproject.toml $(sha256sum pyproject.toml | cut -c1-12) (the wheelhouse's: ${m_pyproject:-not recorded}): make it again from this checkout with 'make wheelhouse WHEELHOUSE=DIR TARGET=$pins PYTHON_VERSION=$pyver'"
+  fi
   # Only DIR: --no-index everywhere (build isolation's own pip too, through PIP_NO_INDEX), no
   # pip configuration file (its find-links and extra indexes, local file ones included, could
   # fill a gap of the wheelhouse here that the air-gapped host would not have).

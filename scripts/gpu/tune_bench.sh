@@ -37,6 +37,7 @@ from pathlib import Path
 sys.path[:0] = ["scripts/gpu", "."]
 from release_proof import models_for
 
+models_for("smollm2", Path(sys.argv[1]), None)  # the tokenizer the random model takes
 print(models_for("dense", Path(sys.argv[1]), None))
 EOF
 ARGS=(--gpu --model-dir "$WORK/models/llama-2.5b-random" --seqs "${SEQS:-128,1024}"

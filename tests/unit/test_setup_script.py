@@ -7,8 +7,10 @@ place of a host's torch (the probe setup runs with that interpreter imports it).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -208,14 +210,53 @@ def test_the_cpu_branch_needs_python_3_11_and_the_gpu_branch_takes_3_12(tmp_path
 # --- a wheelhouse: its manifest must be for this python and these pins ------------------------
 
 
-def _wheelhouse(tmp_path: Path, target: str, python: str, venvs: str = "serving,pipeline") -> Path:
+def _pins() -> list[tuple[str, str]]:
+    """(name, version) of every exact pin of pyproject.toml the pipeline virtualenv takes
+    (its dependencies, extras pipeline and dev) less torch, as setup reads them."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    pins = []
+    for req in project["dependencies"] + extras["pipeline"] + extras["dev"]:
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^]]*\])?==([^\s;,]+)", req.strip())
+        if m and m[1].lower() != "torch":
+            pins.append((m[1], m[3]))
+    return pins
+
+
+def _wheelhouse(
+    tmp_path: Path,
+    target: str,
+    python: str,
+    venvs: str = "serving,pipeline",
+    leave_out: tuple[str, ...] = (),
+) -> Path:
+    """A MANIFEST and an empty stand-in wheel for each pin but those named in leave_out."""
     wheelhouse = tmp_path / "wheelhouse"
     wheelhouse.mkdir(exist_ok=True)
     (wheelhouse / "MANIFEST").write_text(
         f"target={target}\npython={python}\nplatform=host\nvenvs={venvs}\n"
+        "pipeline=pyproject.toml 0123456789ab: dependencies, extras pipeline and dev\n"
     )
     (wheelhouse / "SHA256SUMS").write_text("")
+    for name, version in _pins():
+        if name not in leave_out:
+            wheel = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+            (wheelhouse / wheel).write_bytes(b"")
     return wheelhouse
+
+
+def test_a_wheelhouse_without_a_pin_of_this_checkout_is_refused_before_any_install(tmp_path):
+    pins = dict(_pins())
+    assert "prefect-kubernetes" in pins and "openai" in pins
+    wheelhouse = _wheelhouse(tmp_path, "cpu", PY, leave_out=("prefect-kubernetes", "openai"))
+    line = refusal(plan(tmp_path, "--wheelhouse", str(wheelhouse)))
+    assert f"wheelhouse {wheelhouse} lacks " in line
+    assert f"openai=={pins['openai']}" in line
+    assert f"prefect-kubernetes=={pins['prefect-kubernetes']}" in line
+    assert "(the wheelhouse's: 0123456789ab)" in line and "make it again" in line
+    # a serving-only setup does not need the pipeline's pins
+    out = planned(plan(tmp_path, "--wheelhouse", str(wheelhouse), "--only", "serving"))
+    assert "setup: .venv-vllm" in out
 
 
 def test_a_wheelhouse_for_another_python_is_refused(tmp_path):

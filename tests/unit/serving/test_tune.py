@@ -82,14 +82,34 @@ def test_coordinate_finds_the_optimum_with_fewer_measurements() -> None:
     assert len(set(tuned_surface.started)) == len(tuned_surface.started)
 
 
-def test_racing_stops_a_challenger_after_one_level() -> None:
-    surface = Surface(lambda s: 16 if s.max_num_seqs >= 32 else 2)
-    grid = Grid(max_num_seqs=[16, 32])
-    tuner = Tuner(grid, LEVELS, SLO, surface.session, lambda s: None, step_tokens=160)
-    result = tuner.coordinate(Setting(max_num_seqs=32))
-    assert result.chosen == Setting(max_num_seqs=32)
-    raced = next(t for t in result.trials if t.setting.max_num_seqs == 16)
-    assert raced.below == 16 and len(raced.levels) == 1
+@pytest.mark.parametrize(("challenger", "levels", "below"), [(16, [8, 16], 16), (8, [8], 8)])
+def test_racing_warms_a_challenger_up_one_level_below_then_stops_it(
+    challenger: int, levels: list[int], below: int
+) -> None:
+    """A raced setting is measured from the level below the best setting's goodput (its
+    warm-up: a server's first level after its start is slower) and stops at its first
+    failure at or below that goodput."""
+    caps = {32: 16, 16: 8, 8: 2}
+    surface = Surface(lambda s: caps[s.max_num_seqs])
+    seen: list[tuple[int, int]] = []
+
+    @contextmanager
+    def session(setting: Setting):
+        with surface.session(setting) as probe:
+
+            def recorded(streams: int) -> LoadLevel:
+                seen.append((setting.max_num_seqs, streams))
+                return probe(streams)
+
+            yield recorded
+
+    grid = Grid(max_num_seqs=[8, 16, 32])
+    tuner = Tuner(grid, LEVELS, SLO, session, lambda s: None, step_tokens=160)
+    best = tuner.measure(Setting(max_num_seqs=32))
+    raced = tuner.measure(Setting(max_num_seqs=challenger), start_at=best.goodput)
+    assert best.goodput == 16
+    assert [c for seqs, c in seen if seqs == challenger] == levels
+    assert raced.below == below and raced.goodput == 0
 
 
 def test_never_starts_a_setting_the_planner_refuses() -> None:
