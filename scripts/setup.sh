@@ -163,9 +163,9 @@ pins=cpu
 
 # --- a wheelhouse: its manifest must be for this python and these pins ------------------------
 # The requirements given after DIR and HOST_TORCH (1 or 0) that pin an exact version and are
-# neither a file of DIR (a wheel or an sdist of that name and version) nor, with HOST_TORCH
-# 1, a distribution this interpreter has at that version; printed comma-separated. A pin with
-# an environment marker is left to pip.
+# neither a file of DIR (a wheel, or an sdist .tar.gz / .zip, of that name and version) nor,
+# with HOST_TORCH 1, a distribution this interpreter has at that version; printed
+# comma-separated. A pin with an environment marker is left to pip.
 pins_in_wheelhouse='
 import re, sys
 from importlib import metadata
@@ -177,10 +177,13 @@ def norm(name):
 folder, host = Path(sys.argv[1]), sys.argv[2] == "1"
 have = set()
 for f in folder.iterdir():
-    stem = f.name[: -len(".whl")] if f.name.endswith(".whl") else f.name[: -len(".tar.gz")] if f.name.endswith(".tar.gz") else None
-    if stem and "-" in stem:
-        name, version = (stem.split("-")[:2] if f.name.endswith(".whl") else stem.rsplit("-", 1))
-        have.add((norm(name), version))
+    if f.name.endswith(".whl") and f.name.count("-") >= 4:
+        name, version = f.name.split("-")[:2]
+    elif f.name.endswith((".tar.gz", ".zip")) and "-" in f.name:
+        name, version = f.name.removesuffix(".tar.gz").removesuffix(".zip").rsplit("-", 1)
+    else:
+        continue
+    have.add((norm(name), version))
 missing = []
 for req in sys.argv[3:]:
     m = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^]]*\])?\s*==\s*([^\s;,]+)\s*", req)

@@ -195,6 +195,11 @@ class Trial(Record):
     )
     seconds: float = Field(0.0, description="server start and load levels")
     error: str | None = None
+    again: bool = Field(
+        False,
+        description="a second start of a setting measured before: the best setting, to confirm "
+        "a lead by output tokens/s alone",
+    )
     answers_changed: str | None = Field(
         None,
         description="a setting with speculative decoding whose greedy answers differ from "

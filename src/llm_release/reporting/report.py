@@ -251,7 +251,7 @@ def tuning_section(results: list[CandidateResult]) -> list[str]:
         "",
     ]
     headers = ["candidate", "chosen setting", "goodput (streams)", "output tok/s there"]
-    headers += ["settings started", "of grid", "pruned", "levels", "seconds"]
+    headers += ["server starts", "of grid", "pruned", "levels", "seconds"]
     rows = [
         [
             r.name,

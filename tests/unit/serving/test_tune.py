@@ -218,3 +218,60 @@ def test_the_plan_names_speculation_as_unmodelled_and_ngram_turns_async_scheduli
     assert any("speculative decoding ngram:3" in note for note in request.unmodelled)
     plain = request_for_serving(ServingConfig(dtype="bfloat16"), device="gpu")
     assert plain.async_scheduling is None and plain.unmodelled == []
+
+
+class Noisy:
+    """Every setting holds 8 streams and no more; output tokens/s per start of a setting
+    from ``tok_s`` (setting's max_num_seqs → one figure per start, in order)."""
+
+    def __init__(self, tok_s: dict[int, list[float]]) -> None:
+        self.tok_s = tok_s
+        self.started: list[int] = []
+
+    @contextmanager
+    def session(self, setting: Setting):
+        seqs = setting.max_num_seqs
+        figure = self.tok_s[seqs][self.started.count(seqs)]
+        self.started.append(seqs)
+
+        def probe(c: int) -> LoadLevel:
+            return level(c, 1000 if c <= 8 else 5000, rps=figure / 32)
+
+        yield probe
+
+
+@pytest.mark.parametrize(
+    ("best_again", "chosen", "starts"),
+    [
+        (1300.0, 4, [4, 8, 4]),  # the best setting's second start is as fast: a tie, kept
+        (1000.0, 8, [4, 8, 4]),  # slower again: the lead holds, the challenger is taken
+    ],
+)
+def test_a_lead_by_tokens_alone_is_confirmed_against_the_best_setting_started_again(
+    best_again: float, chosen: int, starts: list[int]
+) -> None:
+    surface = Noisy({4: [1000.0, best_again], 8: [1200.0]})
+    grid = Grid(max_num_seqs=[4, 8])
+    tuner = Tuner(grid, LEVELS, SLO, surface.session, lambda s: None, step_tokens=160)
+    result = tuner.coordinate(Setting(max_num_seqs=4))
+    assert surface.started == starts
+    assert result.chosen == Setting(max_num_seqs=chosen)
+    again = [t for t in result.trials if t.again]
+    assert [t.setting.max_num_seqs for t in again] == [4]
+    # measured again at the levels the challenger had: the level below the goodput, the goodput
+    assert [lv.concurrency for lv in again[0].levels] == [4, 8, 16]
+    assert result.seconds == sum(t.seconds for t in result.trials)
+
+
+def test_without_confirmation_or_a_start_left_the_lead_is_taken_or_the_best_kept() -> None:
+    grid = Grid(max_num_seqs=[4, 8])
+    surface = Noisy({4: [1000.0, 1300.0], 8: [1200.0]})
+    unconfirmed = Tuner(
+        grid, LEVELS, SLO, surface.session, lambda s: None, step_tokens=160, confirm=False
+    ).coordinate(Setting(max_num_seqs=4))
+    assert surface.started == [4, 8] and unconfirmed.chosen == Setting(max_num_seqs=8)
+    surface = Noisy({4: [1000.0, 1000.0], 8: [1200.0]})
+    capped = Tuner(
+        grid, LEVELS, SLO, surface.session, lambda s: None, step_tokens=160, max_settings=2
+    ).coordinate(Setting(max_num_seqs=4))
+    assert surface.started == [4, 8] and capped.chosen == Setting(max_num_seqs=4)
