@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llm_release import paths, server_key
-from llm_release.errors import ServeError
+from llm_release.errors import ConfigError, ServeError, one_line
 from llm_release.fileio import atomic_write_text
 from llm_release.hub.credentials import child_env
+from llm_release.secret_files import private_file
 from llm_release.serving import locked_exporter, processes
 from llm_release.serving.serve import (
     Endpoint,
@@ -436,9 +437,21 @@ class ProcessTree:
         )
 
 
+def read_spec(path: Path) -> SuperviseSpec:
+    """The spec a supervisor runs: a file of this user that no one else can read or write
+    (it names the command run and the server's environment, its key among it), in the
+    spec's schema; ConfigError or ValidationError otherwise."""
+    private_file(path, "spec", "the .supervise.json its starter wrote (mode 0600)")
+    return SuperviseSpec.model_validate_json(path.read_bytes())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    spec = SuperviseSpec.model_validate_json(Path(args[0]).read_bytes())
+    try:
+        spec = read_spec(Path(args[0]))
+    except (ConfigError, ValidationError, OSError, IndexError) as exc:
+        print(f"supervisor: {one_line(exc)}; nothing started", file=sys.stderr)
+        return 2
     tree = ProcessTree(spec)
     signal.signal(signal.SIGTERM, lambda *_: tree.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: tree.stopping.set())
