@@ -214,13 +214,19 @@ V2_RUNNER_MOE_ARCHITECTURES_026 = frozenset(
 )
 
 
+def is_version(vllm_version: str | None, series: str) -> bool:
+    """Whether ``vllm_version`` ('0.26.0', 'v0.26.0+sm90lean', '0.26') is of ``series``
+    ('0.26'); None or empty is of none."""
+    version = (vllm_version or "").strip().lstrip("v")
+    return version == series or version.startswith(series + ".")
+
+
 def v1_runner(arch: ModelArch, vllm_version: str | None) -> bool:
     """Whether vLLM serves this model on its V1 model runner: vLLM 0.26
     (config/vllm.py _is_default_v2_model_runner_model) for hybrid models and MoE models
     outside V2_RUNNER_MOE_ARCHITECTURES_026; never on 0.32 (use_v2_model_runner) or any
     other version the planner is told."""
-    version = (vllm_version or "").strip().lstrip("v")
-    if not (version == "0.26" or version.startswith("0.26.")):
+    if not is_version(vllm_version, "0.26"):
         return False
     if arch.linear:
         return True
@@ -232,8 +238,7 @@ def graphs_subtracted(arch: ModelArch, vllm_version: str | None) -> bool:
     0.26's V2 runner (profile_cudagraph_memory returns 0) does not, its V1 runner does;
     vLLM 0.32 and any other version: subtracted for every model (its V2 runner's
     profile_cudagraph_memory; where unsure, the smaller KV)."""
-    version = (vllm_version or "").strip().lstrip("v")
-    if not (version == "0.26" or version.startswith("0.26.")):
+    if not is_version(vllm_version, "0.26"):
         return True
     return v1_runner(arch, vllm_version)
 
@@ -300,9 +305,8 @@ def estimate_overhead_bytes(
 
 def modelled_version(vllm_version: str | None) -> bool:
     """Whether the planner follows this vLLM version's rules (None: the pinned 0.32)."""
-    version = (vllm_version or "").strip().lstrip("v")
-    return not version or any(
-        version == v or version.startswith(v + ".") for v in GRAPH_RULE_VERSIONS
+    return not (vllm_version or "").strip() or any(
+        is_version(vllm_version, v) for v in GRAPH_RULE_VERSIONS
     )
 
 
