@@ -24,7 +24,8 @@ The peak is the largest of three moments:
     larger of the attention's moment (the QKV projection and three query-width buffers, or
     MLA's below) and the shared experts' MLP (3·T·I_shared·a); a model's leading dense layers
     (DeepSeek's first_k_dense_replace) run their dense MLP before the workspace exists;
-  - MLA (``layers/attention/mla_attention.py``): in the profile run the prefill context's
+  - MLA (``layers/attention/mla_attention.py``), in a MoE or a dense model (where it is
+    the larger of it and the dense MLP): in the profile run the prefill context's
     worst case, ``chunked_prefill_workspace_size × heads × (qk_nope + v)·a`` with the
     workspace ``max(min(max(8·max_model_len, 4·max_num_seqs·block), 65,536),
     max_num_seqs·block)`` tokens, beside the query (T·heads·(qk_nope + qk_rope)·a) and the
@@ -79,23 +80,13 @@ def mla_workspace_tokens(max_model_len: int, max_num_seqs: int) -> int:
     return max(size, max_num_seqs * MLA_BLOCK)
 
 
-def forward_peak_bytes(
+def attention_bytes(
     arch: ModelArch, tp: int, tokens: int, *, max_model_len: int, max_num_seqs: int
 ) -> int:
-    """The forward's peak above the weights (and what it keeps: MoE workspaces, cuBLAS)."""
+    """The attention's moment: MLA's prefill workspace with its query and compressed KV, or
+    the QKV projection and three query-width buffers; a Gated DeltaNet's input projections
+    beside it."""
     a = arch.dtype_bytes
-    hidden = tokens * arch.hidden_size * a
-    q_width = arch.num_attention_heads // tp * arch.head_dim
-    kv_width = max(1, arch.num_kv_heads // tp) * arch.head_dim
-    buffers = 3 + (2 if arch.model_type in SANDWICH_NORM_TYPES else 0)
-    dense_mlp = CUBLAS_WORKSPACE_BYTES + buffers * hidden
-    dense_mlp += 3 * tokens * (arch.intermediate_size // tp) * a
-    if not arch.moe:
-        return dense_mlp
-    # a MoE model's layers: its leading dense layers run before any expert allocates the
-    # kept workspace; in every other layer the workspace is there for the attention and the
-    # experts (with the shared experts' MLP beside them)
-    kept = CUBLAS_WORKSPACE_BYTES + moe_workspace_bytes(arch, tp, tokens) + 3 * hidden
     if arch.mla:
         m = arch.mla
         heads = arch.num_attention_heads // tp
@@ -104,11 +95,37 @@ def forward_peak_bytes(
         attention += tokens * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim) * a
         attention += tokens * (m.kv_lora_rank + m.qk_rope_head_dim) * a
     else:
+        q_width = arch.num_attention_heads // tp * arch.head_dim
+        kv_width = max(1, arch.num_kv_heads // tp) * arch.head_dim
         attention = tokens * (q_width + 2 * kv_width) * a + 3 * tokens * q_width * a
     if arch.linear:
         lin = arch.linear
         widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
         attention += tokens * widths // tp * a
+    return attention
+
+
+def forward_peak_bytes(
+    arch: ModelArch, tp: int, tokens: int, *, max_model_len: int, max_num_seqs: int
+) -> int:
+    """The forward's peak above the weights (and what it keeps: MoE workspaces, cuBLAS)."""
+    a = arch.dtype_bytes
+    hidden = tokens * arch.hidden_size * a
+    buffers = 3 + (2 if arch.model_type in SANDWICH_NORM_TYPES else 0)
+    dense_mlp = CUBLAS_WORKSPACE_BYTES + buffers * hidden
+    dense_mlp += 3 * tokens * (arch.intermediate_size // tp) * a
+    sizes = {"max_model_len": max_model_len, "max_num_seqs": max_num_seqs}
+    if not arch.moe:
+        # a dense model's MLP outweighs its attention, but for MLA's prefill workspace
+        if not arch.mla:
+            return dense_mlp
+        mla = CUBLAS_WORKSPACE_BYTES + 3 * hidden + attention_bytes(arch, tp, tokens, **sizes)
+        return max(dense_mlp, mla)
+    # a MoE model's layers: its leading dense layers run before any expert allocates the
+    # kept workspace; in every other layer the workspace is there for the attention and the
+    # experts (with the shared experts' MLP beside them)
+    kept = CUBLAS_WORKSPACE_BYTES + moe_workspace_bytes(arch, tp, tokens) + 3 * hidden
+    attention = attention_bytes(arch, tp, tokens, **sizes)
     shared = 3 * tokens * (arch.moe.shared_intermediate_size // tp) * a
     peak = kept + max(attention, shared)
     return max(peak, dense_mlp) if arch.moe.dense_layers else peak

@@ -120,6 +120,19 @@ def test_a_moe_models_dense_layers_and_shared_experts_are_moments_of_their_own()
     assert forward_peak_bytes(shared, 1, 8192, **kwargs) > base
 
 
+def test_a_dense_model_with_mla_holds_mlas_prefill_workspace():
+    """MLA's prefill workspace is the attention's, whatever the MLP: a dense model with MLA
+    (MiniCPM3's kind) peaks at it where its MLP is the smaller moment."""
+    moe_arch = _arch("deepseek-v2-lite")
+    dense_mla = moe_arch.model_copy(update={"moe": None})
+    kwargs = {"max_model_len": 32768, "max_num_seqs": 32}
+    m, heads, a = dense_mla.mla, dense_mla.num_attention_heads, dense_mla.dtype_bytes
+    workspace = mla_workspace_tokens(32768, 32) * heads * (m.qk_nope_head_dim + m.v_head_dim) * a
+    with_mla = forward_peak_bytes(dense_mla, 1, 2048, **kwargs)
+    without = forward_peak_bytes(dense_mla.model_copy(update={"mla": None}), 1, 2048, **kwargs)
+    assert with_mla >= workspace > without
+
+
 def test_the_plan_names_the_moment_of_its_profile_peak():
     from llm_release.sizing import PlanRequest, estimate_weights, plan
 
