@@ -61,15 +61,37 @@ class MlaDims(Record):
     q_lora_rank: int | None = None
 
 
-class LinearAttnDims(Record):
-    """Gated DeltaNet (Qwen3-Next / Qwen3.5) sizes: the per-sequence state of one layer."""
+LinearKind = Literal["gated_deltanet", "mamba2", "mamba1"]
 
-    num_k_heads: int = Field(gt=0)
-    num_v_heads: int = Field(gt=0)
-    head_k_dim: int = Field(gt=0)
-    head_v_dim: int = Field(gt=0)
+
+class LinearAttnDims(Record):
+    """A linear-attention layer's sizes, for the per-sequence state vLLM keeps of it
+    (mamba_utils.MambaStateShapeCalculator): Gated DeltaNet (Qwen3-Next, Qwen3.5) with its
+    key and value heads, or a Mamba2 (Nemotron-H, Granite 4.0-H, Bamba) or Mamba (Jamba)
+    mixer with its inner width, groups, heads and state size."""
+
+    kind: LinearKind = "gated_deltanet"
+    num_k_heads: int = Field(0, ge=0)
+    num_v_heads: int = Field(0, ge=0)
+    head_k_dim: int = Field(0, ge=0)
+    head_v_dim: int = Field(0, ge=0)
     conv_kernel: int = Field(gt=0)
     ssm_dtype_bytes: int = Field(description="recurrent state dtype (mamba_ssm_dtype, else model)")
+    intermediate_size: int = Field(0, ge=0, description="Mamba's inner width")
+    n_groups: int = Field(0, ge=0, description="Mamba2's B/C groups")
+    num_heads: int = Field(0, ge=0, description="Mamba2's heads")
+    head_dim: int = Field(0, ge=0, description="Mamba2's head width")
+    state_size: int = Field(0, ge=0, description="Mamba's SSM state size (d_state)")
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why vLLM cannot shard this layer over ``tp`` ranks (its ``divide`` asserts)."""
+        if self.kind == "gated_deltanet":
+            if self.num_v_heads % tp or self.num_k_heads % tp:
+                return f"tensor_parallel_size {tp} does not divide the linear-attention heads"
+            return None
+        if self.intermediate_size % tp or (self.kind == "mamba2" and self.num_heads % tp):
+            return f"tensor_parallel_size {tp} does not divide the Mamba heads or inner width"
+        return None
 
 
 class MoeDims(Record):
@@ -167,6 +189,14 @@ CONFIG_LIMITS: dict[str, int] = {
         MAX_LAYERS,
     ),
     "linear_conv_kernel_dim": 256,
+    **dict.fromkeys(("mamba_num_heads", "mamba_n_heads", "n_groups", "mamba_n_groups"), MAX_HEADS),
+    **dict.fromkeys(
+        ("mamba_head_dim", "mamba_d_head", "ssm_state_size", "mamba_d_state"), MAX_HEAD_DIM
+    ),
+    **dict.fromkeys(("conv_kernel", "mamba_d_conv"), 256),
+    "mamba_expand": 64,
+    "mamba_d_ssm": MAX_INTERMEDIATE,
+    **dict.fromkeys(("attn_layer_period", "attn_layer_offset"), MAX_LAYERS),
     **dict.fromkeys(("sliding_window", "max_position_embeddings"), MAX_POSITIONS),
 }
 _LIMIT_HINT = (
@@ -344,7 +374,7 @@ def parse_config(config: dict) -> ModelArch:
             v_head_dim=_int(cfg, "v_head_dim", default=0),
             q_lora_rank=_int(cfg, "q_lora_rank", default=None),
         )
-    linear = None
+    linear = _mamba(cfg, archs[0], hidden, dtype_name)
     if cfg.get("linear_num_value_heads"):
         ssm = cfg.get("mamba_ssm_dtype")
         linear = LinearAttnDims(
@@ -360,11 +390,12 @@ def parse_config(config: dict) -> ModelArch:
     window = _int(cfg, "sliding_window", default=None) or None
     if cfg.get("use_sliding_window") is False:  # Qwen2-style: the window is off
         window = None
-    kinds = _layer_kinds(cfg, layers, window)
+    kinds = _mamba_layer_kinds(cfg, archs[0], layers) if linear else None
+    kinds = kinds or _layer_kinds(cfg, layers, window)
     if "sliding" not in kinds:
         window = None
     unmodelled: list[str] = []
-    if "linear" in kinds and not cfg.get("linear_num_value_heads"):
+    if "linear" in kinds and linear is None:
         # Mamba / Mamba2 layers (their state is not Gated DeltaNet's): planned as full
         # attention layers, a KV of max_model_len tokens each, not a fixed state
         unmodelled.append(
@@ -424,6 +455,86 @@ def parse_config(config: dict) -> ModelArch:
         moe=moe,
         unmodelled=unmodelled,
     )
+
+
+def _mamba(cfg: dict, architecture: str, hidden: int, dtype_name: str) -> LinearAttnDims | None:
+    """The Mamba2 / Mamba mixer of a Nemotron-H, Granite 4.0-H, Bamba, Falcon-H1 or Jamba
+    config as vLLM 0.32 reads it (each model's ``get_mamba_state_shape_from_config``); None
+    for any other config. The states' dtype is the model's (mamba_cache_dtype and
+    mamba_ssm_cache_dtype 'auto'), but Nemotron-H's SSM state: the config's
+    ``mamba_ssm_cache_dtype``, else float32 (models/config.py NemotronHForCausalLMConfig)."""
+    model_bytes = _dtype_bytes(dtype_name)
+    if cfg.get("hybrid_override_pattern") is not None and cfg.get("mamba_num_heads"):
+        heads, head_dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
+        return LinearAttnDims(
+            kind="mamba2",
+            intermediate_size=heads * head_dim,
+            n_groups=_int(cfg, "n_groups", default=1),
+            num_heads=heads,
+            head_dim=head_dim,
+            state_size=_int(cfg, "ssm_state_size"),
+            conv_kernel=_int(cfg, "conv_kernel", default=4),
+            ssm_dtype_bytes=_dtype_bytes(cfg.get("mamba_ssm_cache_dtype") or "float32", 4),
+        )
+    if cfg.get("mamba_n_heads"):
+        heads = _int(cfg, "mamba_n_heads")
+        inner = (
+            _int(cfg, "mamba_d_ssm", default=None) or _int(cfg, "mamba_expand", default=2) * hidden
+        )
+        # Granite's transformers config leaves mamba_d_head "auto": the inner width per head
+        d_head = cfg.get("mamba_d_head")
+        head_dim = _int(cfg, "mamba_d_head") if isinstance(d_head, int) else inner // heads
+        return LinearAttnDims(
+            kind="mamba2",
+            intermediate_size=inner,
+            n_groups=_int(cfg, "mamba_n_groups", default=1),
+            num_heads=heads,
+            head_dim=head_dim,
+            state_size=_int(cfg, "mamba_d_state"),
+            conv_kernel=_int(cfg, "mamba_d_conv", default=4),
+            ssm_dtype_bytes=model_bytes,
+        )
+    if architecture.startswith("Jamba") and cfg.get("mamba_d_state"):
+        return LinearAttnDims(
+            kind="mamba1",
+            intermediate_size=_int(cfg, "mamba_expand", default=2) * hidden,
+            state_size=_int(cfg, "mamba_d_state"),
+            conv_kernel=_int(cfg, "mamba_d_conv", default=4),
+            ssm_dtype_bytes=model_bytes,
+        )
+    return None
+
+
+def _mamba_layer_kinds(cfg: dict, architecture: str, layers: int) -> list[LayerKind] | None:
+    """The cache-holding layers of a Mamba hybrid, one entry each: Nemotron-H's
+    ``hybrid_override_pattern`` (M a Mamba2 layer, * attention, - and E an MLP or MoE layer
+    that holds no cache), Bamba's ``attn_layer_indices``, Jamba's attention period and
+    offset, Falcon-H1's attention and Mamba2 mixer side by side in every layer; None where
+    ``layer_types`` says it (Granite 4.0-H) or nothing does."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str) or len(pattern) != layers or set(pattern) - set("M*-E"):
+            raise ConfigError(
+                f"config.json hybrid_override_pattern is {_show(pattern)}: not one of M, *, - "
+                f"or E for each of its {layers} layers",
+                hint="the config is damaged or not a Nemotron-H config",
+            )
+        return ["linear" if c == "M" else "full" for c in pattern if c in "M*"]
+    indices = cfg.get("attn_layer_indices")
+    if isinstance(indices, list) and not cfg.get("layer_types"):
+        if not all(isinstance(i, int) and 0 <= i < layers for i in indices):
+            raise ConfigError(
+                f"config.json attn_layer_indices is {_show(indices)}: not layer indices",
+                hint="the config is damaged or not a Bamba config",
+            )
+        return ["full" if i in indices else "linear" for i in range(layers)]
+    period = _int(cfg, "attn_layer_period", default=None)
+    if architecture.startswith("Jamba") and period:
+        offset = _int(cfg, "attn_layer_offset", default=0)
+        return ["full" if i % period == offset else "linear" for i in range(layers)]
+    if architecture.startswith("FalconH1"):
+        return ["full"] * layers + ["linear"] * layers
+    return None
 
 
 def _layer_kinds(cfg: dict, layers: int, window: int | None) -> list[LayerKind]:

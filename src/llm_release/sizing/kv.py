@@ -82,19 +82,33 @@ def attn_bytes_per_token_layer(arch: ModelArch, runtime: Runtime) -> int:
 
 
 def linear_state_bytes(arch: ModelArch, runtime: Runtime) -> tuple[int, int]:
-    """(conv, recurrent) state bytes of one Gated DeltaNet layer for one sequence, one rank.
+    """(conv, recurrent) state bytes of one linear-attention layer for one sequence, one
+    rank, as vllm/model_executor/layers/mamba/mamba_utils.py shapes them:
 
-    vllm/model_executor/layers/mamba/mamba_utils.py gated_delta_net_state_shape:
-    conv = (2·k_heads·head_k + v_heads·head_v)/TP × (kernel − 1), model dtype;
-    recurrent = v_heads/TP × head_v × head_k, mamba_ssm dtype.
+    - gated_delta_net_state_shape: conv = (2·k_heads·head_k + v_heads·head_v)/TP ×
+      (kernel − 1), recurrent = v_heads/TP × head_v × head_k;
+    - mamba2_state_shape: groups padded up to TP when TP does not divide them
+      (extra_groups_for_head_shards), conv = (inner + 2·groups·state)/TP × (kernel − 1),
+      recurrent = heads/TP × head_dim × state;
+    - mamba1_state_shape: conv = inner/TP × (kernel − 1), recurrent = inner/TP × state.
+
+    The conv state in the model dtype, the recurrent one in the SSM dtype.
     """
     lin = arch.linear
     assert lin is not None
     tp = runtime.tensor_parallel_size
-    conv_dim = lin.head_k_dim * lin.num_k_heads * 2 + lin.head_v_dim * lin.num_v_heads
+    if lin.kind == "mamba2":
+        groups = lin.n_groups if lin.n_groups % tp == 0 else tp  # vLLM: + (tp − groups)
+        conv_dim = lin.intermediate_size + 2 * groups * lin.state_size
+        recurrent_elems = lin.num_heads // tp * lin.head_dim * lin.state_size
+    elif lin.kind == "mamba1":
+        conv_dim = lin.intermediate_size
+        recurrent_elems = lin.intermediate_size // tp * lin.state_size
+    else:
+        conv_dim = lin.head_k_dim * lin.num_k_heads * 2 + lin.head_v_dim * lin.num_v_heads
+        recurrent_elems = lin.num_v_heads // tp * lin.head_v_dim * lin.head_k_dim
     conv = conv_dim // tp * (lin.conv_kernel - 1) * arch.dtype_bytes
-    recurrent = lin.num_v_heads // tp * lin.head_v_dim * lin.head_k_dim * lin.ssm_dtype_bytes
-    return conv, recurrent
+    return conv, recurrent_elems * lin.ssm_dtype_bytes
 
 
 class KvGroup(Record):

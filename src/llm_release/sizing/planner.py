@@ -346,9 +346,7 @@ def _tp_problem(arch: ModelArch, tp: int) -> str | None:
         return f"tensor_parallel_size {tp} does not divide num_attention_heads {arch.num_attention_heads}"
     if arch.num_kv_heads >= tp and arch.num_kv_heads % tp:
         return f"tensor_parallel_size {tp} does not divide num_key_value_heads {arch.num_kv_heads}"
-    if arch.linear and (arch.linear.num_v_heads % tp or arch.linear.num_k_heads % tp):
-        return f"tensor_parallel_size {tp} does not divide the linear-attention heads"
-    return None
+    return arch.linear.tp_problem(tp) if arch.linear else None
 
 
 def _flag(args: list[str], *names: str) -> str | None:

@@ -30,7 +30,9 @@ The peak is the largest of three moments:
     workspace ``max(min(max(8·max_model_len, 4·max_num_seqs·block), 65,536),
     max_num_seqs·block)`` tokens, beside the query (T·heads·(qk_nope + qk_rope)·a) and the
     compressed KV (T·(kv_lora_rank + qk_rope)·a);
-  - Gated DeltaNet: its input projections (T·(2 key + 3 value widths)·a).
+  - Gated DeltaNet: its input projections (T·(2 key + 3 value widths)·a); a Mamba2 mixer
+    its in_proj (T·(2·inner + 2·groups·state + heads)·a), a Mamba one T·2·inner·a (from the
+    source, not traced).
 * **The sampler** on ``rows = min(T, max_num_seqs)``:
   - the V1 runner (``v1/sample/sampler.py``, ``ops/topk_topp_sampler.py``): logits in the
     model dtype, in float32, the probabilities and the exponential noise (rows·V·(a + 12)),
@@ -100,7 +102,12 @@ def attention_bytes(
         attention = tokens * (q_width + 2 * kv_width) * a + 3 * tokens * q_width * a
     if arch.linear:
         lin = arch.linear
-        widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
+        if lin.kind == "mamba2":  # in_proj: gate and x, B and C per group, dt per head
+            widths = 2 * lin.intermediate_size + 2 * lin.n_groups * lin.state_size + lin.num_heads
+        elif lin.kind == "mamba1":  # in_proj: x and gate
+            widths = 2 * lin.intermediate_size
+        else:
+            widths = 2 * lin.num_k_heads * lin.head_k_dim + 3 * lin.num_v_heads * lin.head_v_dim
         attention += tokens * widths // tp * a
     return attention
 

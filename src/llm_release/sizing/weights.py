@@ -288,10 +288,19 @@ def estimate_params(arch: ModelArch) -> ParamCounts:
         attn_layer = q + kv + nh * m.v_head_dim * h
     else:
         # q (twice as wide with Qwen3.5's output gate), k, v, o
-        gate = 2 if arch.linear else 1
+        gate = 2 if arch.linear and arch.linear.kind == "gated_deltanet" else 1
         attn_layer = h * nh * hd * gate + 2 * h * nkv * hd + nh * hd * h
     lin_layer = 0
-    if arch.linear:
+    if arch.linear and arch.linear.kind != "gated_deltanet":
+        lin = arch.linear
+        inner, groups = lin.intermediate_size, lin.n_groups
+        if lin.kind == "mamba2":  # in_proj (z, x, B, C, dt), out_proj
+            lin_layer = h * (2 * inner + 2 * groups * lin.state_size + lin.num_heads) + inner * h
+        else:  # in_proj (x, z), x_proj (dt rank ~ h/16, B, C), dt_proj, out_proj
+            rank = -(-h // 16)
+            lin_layer = h * 2 * inner + inner * (rank + 2 * lin.state_size) + rank * inner
+            lin_layer += inner * h
+    elif arch.linear:
         lin = arch.linear
         key, value = lin.num_k_heads * lin.head_k_dim, lin.num_v_heads * lin.head_v_dim
         # in_proj qkvz + ba, out_proj (Qwen3-Next GatedDeltaNet)
@@ -310,8 +319,13 @@ def estimate_params(arch: ModelArch) -> ParamCounts:
     small = layers * 2 * h + h
     if arch.linear:
         lin = arch.linear
-        conv_dim = 2 * lin.num_k_heads * lin.head_k_dim + lin.num_v_heads * lin.head_v_dim
-        small += arch.count("linear") * (conv_dim * lin.conv_kernel + 2 * lin.num_v_heads)
+        if lin.kind == "gated_deltanet":
+            conv_dim = 2 * lin.num_k_heads * lin.head_k_dim + lin.num_v_heads * lin.head_v_dim
+            heads = lin.num_v_heads
+        else:  # the conv over x (and B, C), A, D and dt_bias
+            conv_dim = lin.intermediate_size + 2 * lin.n_groups * lin.state_size
+            heads = lin.num_heads or lin.intermediate_size * lin.state_size
+        small += arch.count("linear") * (conv_dim * lin.conv_kernel + 2 * heads)
     return ParamCounts(
         embedding=v * h,
         lm_head=0 if arch.tie_word_embeddings else v * h,
