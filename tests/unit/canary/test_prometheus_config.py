@@ -3,6 +3,7 @@ the release registry with the labels the analysis selects on."""
 
 import json
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -229,16 +230,35 @@ def test_its_api_asks_every_caller_for_the_projects_credentials(tmp_path, monkey
     )
     server.pid_path.write_text(f"{old.pid}\n")
     server.port_path.write_text(f"{open_port}\n")
+    again = None
     try:
+        # Ready before it is looked at: while it is still binding, its socket may not map to
+        # its pid yet (psutil reads /proc's sockets and the processes' files apart), and the
+        # port would read as another process's.
+        deadline = time.monotonic() + 60
+        while not _answers(f"http://127.0.0.1:{open_port}/-/ready"):
+            assert old.poll() is None, f"the open Prometheus exited with {old.returncode}"
+            assert time.monotonic() < deadline, "the open Prometheus never answered"
+            time.sleep(0.2)
         again = prom.Prometheus(tmp_path / "prometheus")
         assert again.running() and not again.locked()
         again.ensure_running()
         assert again.locked() and old.wait(timeout=30) is not None
         assert requests.get(f"{again.url}/-/ready", timeout=5).status_code == 401
     finally:
-        again.stop()
+        if again is not None:
+            again.stop()
         if old.poll() is None:
             old.kill()
+
+
+def _answers(url: str) -> bool:
+    import requests
+
+    try:
+        return requests.get(url, timeout=2).ok
+    except requests.RequestException:
+        return False
 
 
 def test_a_run_naming_the_projects_own_prometheus_queries_it_with_its_credentials(
