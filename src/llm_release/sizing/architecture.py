@@ -457,6 +457,17 @@ def parse_config(config: dict) -> ModelArch:
     )
 
 
+def _need(cfg: dict, key: str) -> int:
+    """A Mamba size the config must give: a positive integer (``_int``'s limits)."""
+    value = _int(cfg, key)
+    if not value:
+        raise ConfigError(
+            f"config.json lacks {key!r} (a positive integer) that its Mamba layers need",
+            hint="the config is damaged or not one of a Mamba hybrid",
+        )
+    return value
+
+
 def _mamba(cfg: dict, architecture: str, hidden: int, dtype_name: str) -> LinearAttnDims | None:
     """The Mamba2 / Mamba mixer of a Nemotron-H, Granite 4.0-H, Bamba, Falcon-H1 or Jamba
     config as vLLM 0.32 reads it (each model's ``get_mamba_state_shape_from_config``); None
@@ -465,19 +476,19 @@ def _mamba(cfg: dict, architecture: str, hidden: int, dtype_name: str) -> Linear
     ``mamba_ssm_cache_dtype``, else float32 (models/config.py NemotronHForCausalLMConfig)."""
     model_bytes = _dtype_bytes(dtype_name)
     if cfg.get("hybrid_override_pattern") is not None and cfg.get("mamba_num_heads"):
-        heads, head_dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
+        heads, head_dim = _need(cfg, "mamba_num_heads"), _need(cfg, "mamba_head_dim")
         return LinearAttnDims(
             kind="mamba2",
             intermediate_size=heads * head_dim,
             n_groups=_int(cfg, "n_groups", default=1),
             num_heads=heads,
             head_dim=head_dim,
-            state_size=_int(cfg, "ssm_state_size"),
+            state_size=_need(cfg, "ssm_state_size"),
             conv_kernel=_int(cfg, "conv_kernel", default=4),
             ssm_dtype_bytes=_dtype_bytes(cfg.get("mamba_ssm_cache_dtype") or "float32", 4),
         )
     if cfg.get("mamba_n_heads"):
-        heads = _int(cfg, "mamba_n_heads")
+        heads = _need(cfg, "mamba_n_heads")
         inner = (
             _int(cfg, "mamba_d_ssm", default=None) or _int(cfg, "mamba_expand", default=2) * hidden
         )
@@ -490,7 +501,7 @@ def _mamba(cfg: dict, architecture: str, hidden: int, dtype_name: str) -> Linear
             n_groups=_int(cfg, "mamba_n_groups", default=1),
             num_heads=heads,
             head_dim=head_dim,
-            state_size=_int(cfg, "mamba_d_state"),
+            state_size=_need(cfg, "mamba_d_state"),
             conv_kernel=_int(cfg, "mamba_d_conv", default=4),
             ssm_dtype_bytes=model_bytes,
         )
@@ -527,7 +538,8 @@ def _mamba_layer_kinds(cfg: dict, architecture: str, layers: int) -> list[LayerK
                 f"config.json attn_layer_indices is {_show(indices)}: not layer indices",
                 hint="the config is damaged or not a Bamba config",
             )
-        return ["full" if i in indices else "linear" for i in range(layers)]
+        attention = set(indices)
+        return ["full" if i in attention else "linear" for i in range(layers)]
     period = _int(cfg, "attn_layer_period", default=None)
     if architecture.startswith("Jamba") and period:
         offset = _int(cfg, "attn_layer_offset", default=0)

@@ -152,3 +152,16 @@ def test_the_plan_of_a_mamba_hybrid_holds_more_sequences_than_as_full_attention(
 def test_a_damaged_hybrid_override_pattern_is_refused_in_one_line(pattern):
     with pytest.raises(ConfigError, match="hybrid_override_pattern"):
         parse_config(NEMOTRON_H | {"hybrid_override_pattern": pattern})
+
+
+@pytest.mark.parametrize("field", ["mamba_head_dim", "ssm_state_size"])
+def test_a_mamba_config_without_a_size_it_needs_is_refused_in_one_line(field):
+    config = {k: v for k, v in NEMOTRON_H.items() if k != field}
+    with pytest.raises(ConfigError, match=f"lacks '{field}'"):
+        parse_config(config)
+
+
+def test_a_long_attn_layer_indices_list_is_read_once():
+    bamba = GRANITE_H | {"architectures": ["BambaForCausalLM"], "layer_types": None}
+    arch = parse_config(bamba | {"attn_layer_indices": [3, 7] * 500_000})
+    assert [i for i, k in enumerate(arch.layer_kinds) if k == "full"] == [3, 7]
