@@ -15,6 +15,7 @@ are lost (a corrupt registry, a killed flow).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -28,6 +29,9 @@ EPOCH_FLOOR = 1e8
 # An older record's epoch start time against psutil's: /proc/stat's boot time is whole
 # seconds and moves with the wall clock's corrections.
 EPOCH_TOLERANCE_S = 2.0
+# A listening socket psutil has not yet matched to its process (foreign_listeners).
+UNSEEN_RETRIES = 5
+UNSEEN_WAIT_S = 0.1
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 VLLM_MARKER = "vllm.entrypoints.openai.api_server"
 # In the environment of every server process the project starts (and of every process
@@ -239,9 +243,20 @@ def tree(pid: int) -> set[int]:
 
 def foreign_listeners(port: int, ours: set[int]) -> list[str]:
     """Who else listens on ``port``: pids outside ``ours``, or 'another user' for a socket
-    whose process this user cannot see."""
+    whose process this user cannot see.
+
+    psutil names a socket's process by scanning every process's descriptors after it read
+    the kernel's socket table, so a socket bound between the two reads has no pid for a
+    moment: a pid-less socket is looked at again (``UNSEEN_RETRIES`` times, ``UNSEEN_WAIT_S``
+    apart) before it is taken for another user's. Another user's stays pid-less."""
+    found = listeners(port)
+    for _ in range(UNSEEN_RETRIES):
+        if None not in found:
+            break
+        time.sleep(UNSEEN_WAIT_S)
+        found = listeners(port)
     return [
         "another user's process" if pid is None else f"pid {pid}"
-        for pid in listeners(port)
+        for pid in found
         if pid is None or pid not in ours
     ]

@@ -5,6 +5,7 @@ home's mark is the project's."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -83,3 +84,38 @@ def test_a_command_line_names_a_release_by_an_equal_argument_not_a_part_of_one(h
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def _listen(pid):
+    """One row of psutil.net_connections: a socket listening on port 8123."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(status=psutil.CONN_LISTEN, laddr=SimpleNamespace(port=8123), pid=pid)
+
+
+def test_a_socket_psutil_has_not_yet_matched_to_its_process_is_looked_at_again(monkeypatch):
+    # the kernel's table lists the socket before psutil's descriptor scan finds its owner
+    reads = iter([[_listen(None)], [_listen(None)], [_listen(4242)]])
+    monkeypatch.setattr(processes, "UNSEEN_WAIT_S", 0.0)
+    monkeypatch.setattr(psutil, "net_connections", lambda kind: next(reads))
+    assert processes.foreign_listeners(8123, {4242}) == []
+
+
+def test_a_socket_that_stays_pidless_is_another_users(monkeypatch):
+    calls = []
+    monkeypatch.setattr(processes, "UNSEEN_WAIT_S", 0.0)
+    monkeypatch.setattr(psutil, "net_connections", lambda kind: calls.append(1) or [_listen(None)])
+    assert processes.foreign_listeners(8123, {4242}) == ["another user's process"]
+    assert len(calls) == 1 + processes.UNSEEN_RETRIES
+
+
+def test_a_real_listener_of_this_process_is_ours_and_anothers_is_named():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        me = os.getpid()
+        assert processes.foreign_listeners(port, {me}) == []
+        assert processes.foreign_listeners(port, {1}) == [f"pid {me}"]
