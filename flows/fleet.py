@@ -27,75 +27,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from datetime import UTC, datetime
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 from tabulate import tabulate
 
 from llm_release.errors import ConfigError, ReleaseError
-
-POOL = "llm-release"
-QUEUE_PREFIX = "host-"
-VARIABLE_PREFIX = "llm_release_host_"
-# A host's name: a queue, a worker and a Prefect variable are named after it.
-HOST_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
-MAX_GPUS = 1024
-
-
-class GpuCard(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    index: int = Field(ge=0, lt=MAX_GPUS)
-    memory_gib: float = Field(gt=0, le=4096)
-
-
-class HostCard(BaseModel):
-    """What a host declares of itself when it joins."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=HOST_NAME.pattern, max_length=40)
-    gpus: list[GpuCard] = Field(default_factory=list, max_length=MAX_GPUS)
-    source: str = Field(description="'nvidia-smi' (read on the host) or 'stated'")
-    declared_at: datetime
-
-    @property
-    def slots(self) -> int:
-        """Its host slots: one per GPU, one without a GPU."""
-        return max(1, len(self.gpus))
-
-    def describe(self) -> str:
-        if not self.gpus:
-            return f"llm-release host {self.name}: no GPU ({self.source})"
-        sizes = sorted({g.memory_gib for g in self.gpus})
-        memory = " / ".join(f"{s:.1f} GiB" for s in sizes)
-        return f"llm-release host {self.name}: {len(self.gpus)} GPU × {memory} ({self.source})"
-
-
-class HostView(BaseModel):
-    """A host as the fleet sees it now: its card and its worker's state."""
-
-    name: str
-    queue: str
-    gpus: int
-    gpu_memory_gib: list[float]
-    slots: int | None = Field(description="its slot limit now (None: missing)")
-    worker: str = Field(description="ONLINE, OFFLINE, or 'none' (no worker has polled)")
-    last_heartbeat: datetime | None = None
-
-
-def checked_name(name: str) -> str:
-    if not HOST_NAME.fullmatch(name or ""):
-        shown = ascii(name[:60]) + ("..." if len(name) > 60 else "")
-        raise ConfigError(
-            f"host name {shown} is not a host name",
-            hint="use a lower-case letter, then lower-case letters, digits or '_' "
-            "(at most 40): it names the host's work queue, worker and card",
-        )
-    return name
+from llm_release.fleet import (
+    HOST_NAME,
+    POOL,
+    QUEUE_PREFIX,
+    VARIABLE_PREFIX,
+    GpuCard,
+    HostCard,
+    HostView,
+    checked_name,
+)
 
 
 def read_card(name: str, gpus: int | None, gpu_memory_gib: float | None) -> HostCard:
@@ -156,8 +104,8 @@ def hosts() -> list[HostView]:
     """Every host of the fleet: the pool's host queues, each with its card and its worker."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
-    from prefect.variables import Variable
 
+    from tasks.fleet import card_of
     from tasks.slots import limit_name
 
     with get_client(sync_client=True) as client:
@@ -172,11 +120,7 @@ def hosts() -> list[HostView]:
         name = queue.name.removeprefix(QUEUE_PREFIX)
         if not queue.name.startswith(QUEUE_PREFIX) or not HOST_NAME.fullmatch(name):
             continue
-        raw = Variable.get(VARIABLE_PREFIX + name, default=None)
-        try:
-            card = HostCard.model_validate(raw)  # a variable anyone with the API can edit
-        except ValueError:
-            card = None
+        card = card_of(name)  # a variable anyone with the API can edit: None if invalid
         worker = workers.get(name)
         views.append(
             HostView(

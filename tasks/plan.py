@@ -7,16 +7,20 @@ from llm_release.config import ReleaseConfig
 from llm_release.hardware import detect
 from llm_release.hub.credentials import HubToken
 from llm_release.serving.capacity import plan_release, read_release_model
+from llm_release.settings import settings
 from llm_release.sizing import CapacityPlan
+from tasks.fleet import release_fleet
 
 
 @task(name="plan", cache_policy=NO_CACHE)
 def plan_capacity(config: ReleaseConfig, token: HubToken | None = None) -> CapacityPlan:
     """Size the release from the repo's headers (a Hugging Face hub, ModelScope or a local
-    folder) before any download; refuse what cannot fit."""
+    folder) before any download; refuse what cannot fit (on a host of a fleet: with every
+    host's figures)."""
     logger = get_run_logger()
     files = read_release_model(config, token)
-    plan = plan_release(config, detect(), files)
+    # on a host of a fleet, every host's card is planned too (docs/fleet.md)
+    plan = plan_release(config, detect(), files, release_fleet(), settings().host_name)
     logger.info("plan (%d bytes of headers read): %s", files.bytes_read, plan.verdict)
     if config.serving.tensor_parallel_size == "auto" and plan.recommendation:
         logger.info(

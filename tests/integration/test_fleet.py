@@ -86,6 +86,20 @@ def slots_seen(env: dict, host: str | None) -> str:
     return out.stdout.strip() if out.returncode == 0 else out.stderr.strip().splitlines()[-1]
 
 
+def fleet_cards_seen(env: dict, host: str | None) -> list:
+    """The cards a release's plan stage on ``host`` plans against (tasks.fleet)."""
+    code = (
+        "import json; from tasks.fleet import release_fleet; "
+        "print(json.dumps([[c.name, len(c.gpus)] for c in release_fleet()]))"
+    )
+    run_env = env | ({"LLM_RELEASE_HOST_NAME": host} if host else {})
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=run_env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api, tmp_path):
     env = prefect_api
     joined = fleet(env, "join", "gpu_a", "--gpus", "2", "--gpu-memory-gib", "79.6")
@@ -102,6 +116,9 @@ def test_hosts_join_with_their_gpus_and_a_worker_on_their_own_queue(prefect_api,
     assert slots_seen(env, "gpu_a") == "llm-release-host-gpu_a 2"
     assert slots_seen(env, "gpu_b") == "llm-release-host-gpu_b 1"
     assert "create llm-release-host --limit" in slots_seen(env, None)  # one-host mode's
+    # a release's plan stage on a host of the fleet plans every host's card; outside it, none
+    assert fleet_cards_seen(env, "gpu_b") == [["gpu_a", 2], ["gpu_b", 1]]
+    assert fleet_cards_seen(env, None) == []
 
     # gpu_a's worker polls its queue alone; Prefect records it, and its heartbeats.
     worker = subprocess.Popen(
@@ -161,6 +178,7 @@ def test_a_card_edited_to_nonsense_shows_no_gpu_and_breaks_no_listing(prefect_ap
     assert done.returncode == 0, done.stderr
     hosts = listed(env)
     assert hosts["gpu_a"]["gpus"] == 0 and hosts["gpu_b"]["gpus"] == 2
+    assert fleet_cards_seen(env, "gpu_b") == [["gpu_b", 2]]  # the plan leaves it out
 
 
 def test_no_prefect_api_is_one_line_saying_how_to_start_it(tmp_path):

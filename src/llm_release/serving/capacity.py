@@ -12,11 +12,13 @@ recorded next to what vLLM logged (``vllm_report``), so every report shows the e
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from llm_release import sizing as planner
 from llm_release.config import ReleaseConfig, ServingConfig
 from llm_release.errors import ConfigError, ReleaseError
+from llm_release.fleet import HostCard
 from llm_release.hardware import Hardware
 from llm_release.hub import hub_headers, local_source
 from llm_release.hub.credentials import HubToken
@@ -42,12 +44,14 @@ def tp_sizes(host: Hardware) -> list[int]:
     return [n for n in TP_SIZES if n <= max(1, len(host.gpus))]
 
 
-def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.PlanRequest:
+def _request(
+    serving: ServingConfig, host: Hardware, dtype: str, gpu_memory_gib: float | None = None
+) -> planner.PlanRequest:
     auto = serving.tensor_parallel_size == "auto"
     request = planner.request_for_serving(
         serving.model_copy(update={"tensor_parallel_size": 1}) if auto else serving,
         device="gpu" if host.cuda else "cpu",
-        gpu_memory_gib=_gpu_memory_gib() if host.cuda else 80.0,
+        gpu_memory_gib=(gpu_memory_gib or _gpu_memory_gib()) if host.cuda else 80.0,
         dtype=dtype,
     )
     if auto:
@@ -56,18 +60,22 @@ def _request(serving: ServingConfig, host: Hardware, dtype: str) -> planner.Plan
     return corrections.apply(request, corrections.runtime_vllm_version())
 
 
-def plan_release(
-    config: ReleaseConfig, host: Hardware, files: hub_headers.ModelFiles
+def plan_for(
+    config: ReleaseConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles,
+    gpu_memory_gib: float | None = None,
 ) -> planner.CapacityPlan:
-    """The plan for the release's serving settings; raises when one sequence cannot fit.
-    With no max_num_seqs on a GPU the server gets one at start (resolve_batch: what fits,
-    from a plan of one sequence), so the fit is judged as resolve_batch judges it: vLLM's
-    default 1,024 sequences would profile a sampler the server never gets."""
+    """The plan for the release's serving settings on ``host`` (its GPUs of
+    ``gpu_memory_gib`` each; None: this host's), fitting or not. With no max_num_seqs on a
+    GPU the server gets one at start (resolve_batch: what fits, from a plan of one sequence),
+    so the fit is judged as resolve_batch judges it: vLLM's default 1,024 sequences would
+    profile a sampler the server never gets."""
     serving = config.serving
     if host.cuda and serving.max_num_seqs is None:
         serving = serving.model_copy(update={"max_num_seqs": 1})
     dtype = served_dtype(serving.dtype, host, files.config)
-    request = _request(serving, host, dtype)
+    request = _request(serving, host, dtype, gpu_memory_gib)
     result = planner.plan(
         planner.parse_config(files.config),
         planner.served_weights(files.tensors, files.config, request),
@@ -80,6 +88,25 @@ def plan_release(
             "(the workload's sequences its KV cache holds, at most vLLM's default)"
         )
         result = result.model_copy(update={"notes": [*result.notes, note]})
+    return result
+
+
+def plan_release(
+    config: ReleaseConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles,
+    fleet: Sequence[HostCard] = (),
+    own: str | None = None,
+) -> planner.CapacityPlan:
+    """The plan for the release's serving settings; raises when one sequence cannot fit.
+    On a host of a fleet (``own``, its name) every other host's card (``fleet``) is planned
+    too: a release that fits no host is refused with every host's figures, one that fits
+    another host but not this one (which serves the winner) says where to start it, and one
+    that fits here names the hosts that could hold it."""
+    result = plan_for(config, host, files)
+    others = [card for card in fleet if card.name != own]
+    if others:
+        result = _judged_on_the_fleet(config, host, files, result, others, own or "this host")
     if not result.fits:
         raise ConfigError(
             f"the serving settings cannot fit {config.source.repo_id} on this host: {result.verdict}",
@@ -89,6 +116,78 @@ def plan_release(
     # A W4A16 group size that does not divide a layer fails here, before the download.
     recipes.check_candidates(config.candidates, files.config)
     return result
+
+
+def card_host(card: HostCard, like: Hardware) -> Hardware:
+    """The host a card declares, as the planner reads a host (``like``'s CPU)."""
+    return like.model_copy(update={"gpus": [f"GPU {g.index}" for g in card.gpus]})
+
+
+def card_figures(card: HostCard) -> str:
+    if not card.gpus:
+        return f"{card.name} (no GPU)"
+    sizes = " / ".join(f"{m:g}" for m in sorted({g.memory_gib for g in card.gpus}))
+    return f"{card.name} ({len(card.gpus)} × {sizes} GiB)"
+
+
+def _verdict(plan: planner.CapacityPlan | None, host: Hardware) -> str:
+    if plan is not None:
+        return plan.verdict
+    if host.cuda:
+        return "not planned: no GPU (this host serves on GPUs)"
+    return "not planned: GPUs (this host serves on its CPU)"
+
+
+def _judged_on_the_fleet(
+    config: ReleaseConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles,
+    own_plan: planner.CapacityPlan,
+    others: list[HostCard],
+    own: str,
+) -> planner.CapacityPlan:
+    """``own_plan`` with the fleet's figures: a note when it fits here, a ConfigError when
+    it does not (naming the hosts it fits, or every host's verdict when it fits none). A
+    card's GPUs are planned at their smallest memory, as a server on any of them would be."""
+    plans = {
+        card.name: plan_for(
+            config,
+            card_host(card, host),
+            files,
+            gpu_memory_gib=min((g.memory_gib for g in card.gpus), default=None),
+        )
+        # a host of the other kind measures what this one could not compare: not planned
+        if bool(card.gpus) == host.cuda
+        else None
+        for card in others
+    }
+    fitting = sorted(name for name, p in plans.items() if p is not None and p.fits)
+    here = (
+        f"{own} (this host, {len(host.gpus)} GPU(s))" if host.cuda else f"{own} (this host, no GPU)"
+    )
+    if own_plan.fits:
+        unfit = [card_figures(c) for c in others if c.name not in fitting]
+        note = f"fleet: also fits {', '.join(fitting) or 'no other host'}" + (
+            f"; not {', '.join(unfit)}" if unfit else ""
+        )
+        return own_plan.model_copy(update={"notes": [*own_plan.notes, note]})
+    repo = config.source.repo_id
+    if fitting:
+        raise ConfigError(
+            f"{repo} fits {', '.join(fitting)} of the fleet, not {here}, which serves the "
+            f"winner: {own_plan.verdict}",
+            hint=f"start the release on queue host-{fitting[0]} (the deployment's work queue), "
+            "or change the serving settings as the plan suggests",
+        )
+    figures = "; ".join(
+        [f"{here}: {own_plan.verdict}"]
+        + [f"{card_figures(c)}: {_verdict(plans[c.name], host)}" for c in others]
+    )
+    raise ConfigError(
+        f"{repo} fits no host of the fleet: {figures}",
+        hint="change serving.max_model_len, gpu_memory_utilization or tensor_parallel_size "
+        "as the verdicts suggest, or join a host with more GPU memory ('make fleet-join')",
+    )
 
 
 def as_planned(config: ReleaseConfig, plan: planner.CapacityPlan) -> ReleaseConfig:

@@ -270,3 +270,53 @@ def test_the_fit_on_a_gpu_is_judged_for_the_batch_the_server_will_get(h200_memor
     assert explicit.options[0].overhead_per_gpu_bytes > unset.options[0].overhead_per_gpu_bytes
     cpu = ModelFiles(source="hub", config=_big(), tensors={}, shards=[])
     assert plan_release(_auto(), CPU, cpu).request.max_num_seqs is None
+
+
+# ---------------------------------------------------------------- a fleet's cards (issue 37)
+
+
+def _card(name: str, gpus: int, gib: float):
+    from datetime import UTC, datetime
+
+    from llm_release.fleet import GpuCard, HostCard
+
+    return HostCard(
+        name=name,
+        gpus=[GpuCard(index=i, memory_gib=gib) for i in range(gpus)],
+        source="stated",
+        declared_at=datetime.now(UTC),
+    )
+
+
+def test_a_release_that_fits_no_host_of_the_fleet_is_refused_with_every_hosts_figures(
+    h200_memory,
+):
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(400), shards=[])
+    fleet = [_card("gpu_a", 2, 139.8), _card("gpu_b", 1, 80), _card("cpu_c", 0, 1)]
+    with pytest.raises(ConfigError, match="fits no host of the fleet") as refused:
+        plan_release(_auto(), _gpus(2), files, fleet, "gpu_a")
+    message = str(refused.value)
+    # this host's verdict first, then every other host's own, the own card not twice
+    assert message.count("gpu_a") == 1 and "gpu_a (this host, 2 GPU(s)): does not fit" in message
+    assert "gpu_b (1 × 80 GiB): does not fit" in message
+    assert "cpu_c (no GPU): not planned: no GPU" in message
+
+
+def test_a_release_that_fits_another_host_but_not_this_one_says_where_to_start_it(h200_memory):
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(200), shards=[])
+    fleet = [_card("gpu_a", 1, 139.8), _card("gpu_b", 8, 139.8), _card("gpu_c", 1, 24)]
+    with pytest.raises(ConfigError, match="fits gpu_b of the fleet, not gpu_a") as refused:
+        plan_release(_auto(), _gpus(1), files, fleet, "gpu_a")
+    assert "host-gpu_b" in (refused.value.hint or "")
+
+
+def test_a_release_that_fits_here_names_the_hosts_that_could_hold_it(h200_memory):
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(20), shards=[])
+    alone = plan_release(_auto(), _gpus(1), files)
+    fleet = [_card("gpu_b", 1, 139.8), _card("gpu_c", 1, 24), _card("gpu_a", 1, 139.8)]
+    plan = plan_release(_auto(), _gpus(1), files, fleet, "gpu_a")
+    # the same plan for this host, with the fleet's note
+    assert plan.options == alone.options and plan.notes[:-1] == alone.notes
+    assert plan.notes[-1] == "fleet: also fits gpu_b; not gpu_c (1 × 24 GiB)"
+    # a fleet of this host alone changes nothing
+    assert plan_release(_auto(), _gpus(1), files, [fleet[2]], "gpu_a") == alone
