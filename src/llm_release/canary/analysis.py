@@ -271,10 +271,11 @@ def client_for(config: AnalysisConfig) -> PrometheusClient:
     own = for_home()
     if config.prometheus_url is None:  # the project's own: its credentials go with it
         return PrometheusClient(own.url, timeout_s=config.query_timeout_s, auth=own.http_auth())
-    url = prometheus_url(config)
+    url, address = credentials.pinned_prometheus_url(config.prometheus_url, own_ports=own_ports())
     if _names_own(url, own):  # the project's own, by its loopback address and port
         return PrometheusClient(own.url, timeout_s=config.query_timeout_s, auth=own.http_auth())
-    return PrometheusClient(url, timeout_s=config.query_timeout_s)
+    # the queries go to the address checked, not to what the name resolves to later
+    return PrometheusClient(url, timeout_s=config.query_timeout_s, pinned=address)
 
 
 def _names_own(url: str, own: Prometheus) -> bool:

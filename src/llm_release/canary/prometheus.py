@@ -21,12 +21,15 @@ import shutil
 import signal
 import time
 from collections.abc import Collection
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from requests.adapters import HTTPAdapter
 
 from llm_release import paths, server_key
 from llm_release.canary import basic_auth
@@ -217,29 +220,68 @@ def _samples(data: object) -> list[Sample]:
     raise MetricsError(f"the query returned a {shown}, not an instant vector or a scalar")
 
 
+class _PinnedTLS(HTTPAdapter):
+    """TLS to an address with the URL's name for SNI and the certificate check."""
+
+    def __init__(self, hostname: str) -> None:
+        self.hostname = hostname
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        kwargs["server_hostname"] = self.hostname
+        kwargs["assert_hostname"] = self.hostname
+        super().init_poolmanager(*args, **kwargs)
+
+
+@contextmanager
+def _session(url: str, pinned: str | None):
+    """A session for ``url``, the base it sends to and its headers: with ``pinned``, the
+    base names the address (the name goes in Host, and for https in SNI)."""
+    with requests.Session() as session:
+        if pinned is None:
+            yield session, url, {}
+            return
+        parts = urlsplit(url)
+        address = f"[{pinned}]" if ":" in pinned else pinned
+        netloc = f"{address}:{parts.port}" if parts.port else address
+        if parts.scheme == "https":
+            session.mount("https://", _PinnedTLS(parts.hostname or ""))
+        base = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        yield session, base, {"Host": parts.netloc.rpartition("@")[2]}
+
+
 class PrometheusClient:
     """The instant-query API of any Prometheus (the project's own or a team's)."""
 
     def __init__(
-        self, url: str, timeout_s: float = 10.0, auth: tuple[str, str] | None = None
+        self,
+        url: str,
+        timeout_s: float = 10.0,
+        auth: tuple[str, str] | None = None,
+        pinned: str | None = None,
     ) -> None:
         """``auth``: the project's own Prometheus' user and password (never sent to a
-        Prometheus a run named)."""
+        Prometheus a run named). ``pinned``: the address ``url``'s name was checked at
+        (``credentials.pinned_prometheus_url``); every connection goes there, with the
+        name in the Host header and, over TLS, in SNI and the certificate check."""
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.auth = auth
+        self.pinned = pinned
 
     def _post(self, path: str, **params: str) -> requests.Response:
         try:
             # No redirects: a Prometheus named by a run must not send the query on to an
             # address its URL was checked against (a metadata service, our own servers).
-            reply = requests.post(
-                f"{self.url}{path}",
-                data=params,
-                auth=self.auth,
-                timeout=self.timeout_s,
-                allow_redirects=False,
-            )
+            with _session(self.url, self.pinned) as (session, base, headers):
+                reply = session.post(
+                    f"{base}{path}",
+                    data=params,
+                    headers=headers,
+                    auth=self.auth,
+                    timeout=self.timeout_s,
+                    allow_redirects=False,
+                )
         except requests.RequestException as exc:
             raise MetricsError(
                 f"Prometheus at {self.url} did not answer: {type(exc).__name__}",

@@ -393,6 +393,26 @@ def check_prometheus_url(url: str, *, own_ports: Iterable[int] = (), resolve: bo
     the addresses a name resolves to as well. No operator exemption: no Prometheus answers
     on those addresses.
     """
+    return _checked_prometheus(url, own_ports, resolve)[0]
+
+
+def pinned_prometheus_url(url: str, *, own_ports: Iterable[int] = ()) -> tuple[str, str]:
+    """``check_prometheus_url`` with the name resolved, and the address it checked: the
+    address the queries go to (``PrometheusClient(pinned=...)``), so a name that resolves
+    elsewhere a moment later (DNS rebinding: a short TTL, another answer) reaches nothing
+    the check did not pass. A name that does not resolve is refused."""
+    url, host, addresses = _checked_prometheus(url, own_ports, True)
+    if not addresses:
+        raise ConfigError(
+            f"{PROMETHEUS_URL_FIELD} {url}: {host} does not resolve",
+            hint=f"set {PROMETHEUS_URL_FIELD} to a name this host resolves, or to an address",
+        )
+    return url, str(addresses[0])
+
+
+def _checked_prometheus(
+    url: str, own_ports: Iterable[int], resolve: bool
+) -> tuple[str, str, list[ipaddress.IPv4Address | ipaddress.IPv6Address]]:
     hint = (
         f"set {PROMETHEUS_URL_FIELD} to your Prometheus's own address (http(s)://host:port), "
         "or leave it unset for the project's Prometheus"
@@ -417,7 +437,7 @@ def check_prometheus_url(url: str, *, own_ports: Iterable[int] = (), resolve: bo
             "Prefect API), not a Prometheus",
             hint=hint,
         )
-    return url
+    return url, host, addresses
 
 
 def hub_endpoint(explicit: str | None) -> str:

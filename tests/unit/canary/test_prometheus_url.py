@@ -23,12 +23,14 @@ class Target:
     def __init__(self, status: int, body: bytes, headers: dict[str, str] | None = None):
         target = self
         self.requests: list[str] = []
+        self.hosts: list[str | None] = []
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - http.server's name
                 length = int(self.headers.get("Content-Length", 0))
                 self.rfile.read(length)
                 target.requests.append(self.path)
+                target.hosts.append(self.headers.get("Host"))
                 self.send_response(status)
                 for key, value in (headers or {}).items():
                     self.send_header(key, value)
@@ -168,3 +170,113 @@ def test_the_release_preflight_refuses_a_metadata_prometheus_first(serving):
     )
     with pytest.raises(ConfigError, match="rollout.analysis.prometheus_url"):
         check(config)
+
+
+# ------------------------------------------------ DNS rebinding: the address checked is used
+
+ANSWER = json.dumps(
+    {
+        "status": "success",
+        "data": {
+            "resultType": "vector",
+            "result": [{"metric": {"job": "vllm"}, "value": [1000, "1"]}],
+        },
+    }
+).encode()
+NAME = "prom.rebind.test"
+
+
+@pytest.fixture()
+def rebinding(monkeypatch):
+    """NAME resolves to 127.0.0.1 once, then to 127.0.0.2 (where nothing listens): a name
+    whose owner answers the check with one address and the query with another."""
+    import socket
+
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host == NAME:
+            asked.append(host)
+            return real("127.0.0.1" if len(asked) == 1 else "127.0.0.2", port, *args, **kwargs)
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return asked
+
+
+def test_a_runs_prometheus_is_asked_at_the_address_its_name_was_checked_at(
+    serving, target_of, rebinding
+):
+    prometheus = target_of(200, ANSWER)
+    port = prometheus.server.server_address[1]
+    client = analysis.client_for(AnalysisConfig(prometheus_url=f"http://{NAME}:{port}"))
+    for _ in range(2):
+        (sample,) = client.query("up")
+        assert sample.labels == {"job": "vllm"} and sample.value == 1.0
+    assert rebinding == [NAME]  # resolved once, by the check; never again by the client
+    assert prometheus.hosts == [f"{NAME}:{port}"] * 2  # the name still goes in Host
+
+
+def test_a_name_that_does_not_resolve_is_refused_before_any_request(serving, monkeypatch):
+    import socket
+
+    def unknown(*args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unknown)
+    with pytest.raises(ConfigError, match="does not resolve"):
+        analysis.client_for(AnalysisConfig(prometheus_url="http://prom.nowhere.test:9090"))
+
+
+def test_over_tls_the_name_is_sent_and_checked_at_the_pinned_address(
+    serving, tmp_path, rebinding, monkeypatch
+):
+    import datetime
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NAME)])
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(NAME)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    pem = tmp_path / "prom.pem"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    keyfile = tmp_path / "prom.key"
+    keyfile.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    target = Target(200, ANSWER)
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(pem, keyfile)
+    snis: list[str | None] = []
+    server_side.sni_callback = lambda sock, sni, ctx: snis.append(sni)
+    target.server.socket = server_side.wrap_socket(target.server.socket, server_side=True)
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(pem))  # the certificate is trusted by name
+    try:
+        port = target.server.server_address[1]
+        client = analysis.client_for(AnalysisConfig(prometheus_url=f"https://{NAME}:{port}"))
+        (sample,) = client.query("up")
+        assert sample.value == 1.0
+        assert snis == [NAME] and target.hosts == [f"{NAME}:{port}"] and rebinding == [NAME]
+    finally:
+        target.close()
