@@ -12,6 +12,11 @@ project's load test (GuideLLM), then stopped:
                    plain ``vllm serve`` gets; the project passes every other flag alike)
   start-only       the project's default started and stopped once its KV lines are
                    printed (where vLLM's own default refused to start)
+  tuned            the project's tuner (``tune.tune_candidate``, coordinate search from
+                   the project's start) over ``--tune-seqs`` x ``--tune-batched`` under the
+                   SLO ``--ttft-slo-s`` / ``--itl-slo-ms`` at 10 / 50 / 100 streams, then its
+                   choice started once more and measured as the others are (its search,
+                   SLO and trials in the row's ``tune``)
 
 One JSON line per setting goes to ``--jsonl`` (keys of docs/gpu-release-<date>.jsonl:
 workload, model, settings, max_num_seqs, load [concurrency, output_tok_s, ttft_p95_s,
@@ -38,7 +43,10 @@ sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
 LEVELS = [10, 50, 100]
-SETTINGS = ("project-default", "vllm-default", "start-only")
+SETTINGS = ("project-default", "vllm-default", "start-only", "tuned")
+# The seeds' TTFT (3.8 s p95 on their own serving) and a decode ceiling a chat user reads at.
+TTFT_SLO_S = 3.8
+ITL_SLO_MS = 100.0
 
 
 def serving_for(setting: str, util: float, flags: list[str]):
@@ -56,7 +64,66 @@ def serving_for(setting: str, util: float, flags: list[str]):
     )
 
 
-def run_setting(shape: str, setting: str, util: float, work: Path, requests: int) -> dict:
+def tune_config(seqs: str, batched: str, itl_slo_ms: float):
+    """The tuner's grid for ``tuned``: '256,1024' and 'default,16384' (default: vLLM's)."""
+    from llm_release.config import TuneConfig
+
+    return TuneConfig(
+        enabled=True,
+        strategy="coordinate",
+        max_num_seqs=[int(v) for v in seqs.split(",") if v],
+        max_num_batched_tokens=[
+            None if v == "default" else int(v) for v in batched.split(",") if v
+        ],
+        itl_p95_slo_ms=itl_slo_ms,
+        max_settings=6,
+    )
+
+
+def tuned_serving(
+    serving,
+    model_dir: Path,
+    tokenizer: Path,
+    shape: str,
+    run: Path,
+    requests: int,
+    tune,
+    ttft_slo_s: float,
+) -> tuple:
+    """The tuner's choice for this shape (its search record beside it)."""
+    from llm_release.config import Gates, LoadProfile
+    from llm_release.hardware import detect
+    from llm_release.serving.tune import tune_candidate
+
+    load = LoadProfile(
+        concurrencies=LEVELS,
+        requests_per_level=requests,
+        prompt_tokens=512,
+        output_tokens=256,
+        max_seconds_per_level=120,
+    )
+    return tune_candidate(
+        tune,
+        model_dir=model_dir,
+        tokenizer_dir=tokenizer,
+        served_names=[shape],
+        serving=serving,
+        load=load,
+        gates=Gates(ttft_p95_slo_s=ttft_slo_s),
+        host=detect(),
+        out_dir=run / "tune",
+    )
+
+
+def run_setting(
+    shape: str,
+    setting: str,
+    util: float,
+    work: Path,
+    requests: int,
+    tune=None,
+    ttft_slo_s: float = TTFT_SLO_S,
+) -> dict:
     from release_proof import DUMMY_MODELS, models_for, serving_flags_for
 
     from llm_release.config import LoadProfile
@@ -70,6 +137,13 @@ def run_setting(shape: str, setting: str, util: float, work: Path, requests: int
     serving = serving_for(setting, util, serving_flags_for(shape))
     run = work / "runs" / f"batch-{shape}-{setting}-{util}"
     run.mkdir(parents=True, exist_ok=True)
+    tuned = None
+    if setting == "tuned":
+        began = time.monotonic()
+        tuned, serving = tuned_serving(
+            serving, model_dir, tokenizer, shape, run, requests, tune, ttft_slo_s
+        )
+        tune_s = round(time.monotonic() - began, 1)
     row: dict = {
         "workload": "seeds-shape",
         "model": DUMMY_MODELS[shape][1],
@@ -79,6 +153,16 @@ def run_setting(shape: str, setting: str, util: float, work: Path, requests: int
         "prompt_tokens": 512,
         "output_tokens": 256,
     }
+    if tuned is not None:
+        row["tune"] = {
+            "chosen": tuned.chosen.label() if tuned.chosen else None,
+            "chosen_goodput": tuned.chosen_goodput,
+            "chosen_goodput_tok_s": tuned.chosen_goodput_tok_s,
+            "slo": tuned.slo.model_dump(mode="json"),
+            "server_starts": len(tuned.trials),
+            "levels_measured": tuned.levels_measured,
+            "seconds": tune_s,
+        }
     server = VllmServer(
         model_dir, [shape], serving, run / "vllm.log", owner=Owner(candidate=setting)
     )
@@ -124,20 +208,21 @@ def run_setting(shape: str, setting: str, util: float, work: Path, requests: int
 
 
 def ratios(rows: list[dict]) -> list[str]:
-    """project-default / vllm-default output tok/s per level, per model and utilization."""
+    """project-default and tuned / vllm-default output tok/s per level, per model and
+    utilization."""
     lines = []
     by = {
         (r["model"], r["gpu_memory_utilization"], r["settings"]): r for r in rows if r.get("load")
     }
     for (model, util, setting), row in by.items():
-        if setting != "project-default" or (model, util, "vllm-default") not in by:
+        if setting not in ("project-default", "tuned") or (model, util, "vllm-default") not in by:
             continue
         base = {lv["concurrency"]: lv for lv in by[(model, util, "vllm-default")]["load"]}
         for lv in row["load"]:
             ref = base.get(lv["concurrency"])
             if ref and ref["output_tok_s"]:
                 lines.append(
-                    f"{model[:32]} u{util} c{lv['concurrency']}: project-default "
+                    f"{model[:32]} u{util} c{lv['concurrency']}: {setting} "
                     f"{lv['output_tok_s']:,.0f} tok/s (max_num_seqs {row['max_num_seqs']}) / "
                     f"vllm-default {ref['output_tok_s']:,.0f} = "
                     f"{lv['output_tok_s'] / ref['output_tok_s']:.2f}x; TTFT p95 "
@@ -154,6 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--work", type=Path, default=Path("/tmp/proof"))
     parser.add_argument("--jsonl", type=Path, required=True)
+    parser.add_argument("--tune-seqs", default="100,256,1024", help="tuned: max_num_seqs grid")
+    parser.add_argument("--tune-batched", default="default,16384", help="tuned: batched tokens")
+    parser.add_argument("--ttft-slo-s", type=float, default=TTFT_SLO_S)
+    parser.add_argument("--itl-slo-ms", type=float, default=ITL_SLO_MS)
     args = parser.parse_args(argv)
     settings = [s for s in args.settings.split(",") if s and s != "none"]
     unknown = sorted(set(settings) - set(SETTINGS))
@@ -165,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_batch_default: no settings to run (an install trip)")
         return 0
     for setting in settings:
-        row = run_setting(args.shape, setting, args.utilization, args.work, args.requests)
+        tune = tune_config(args.tune_seqs, args.tune_batched, args.itl_slo_ms)
+        row = run_setting(
+            args.shape, setting, args.utilization, args.work, args.requests, tune, args.ttft_slo_s
+        )
         with args.jsonl.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)

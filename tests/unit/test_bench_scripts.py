@@ -26,3 +26,41 @@ def test_a_benchmark_imports_and_has_a_main(script, monkeypatch):
     spec.loader.exec_module(module)
     assert callable(getattr(module, "main", None)), f"{script.name} has no main()"
     assert module.__doc__ and ".py" in module.__doc__, f"{script.name} says not how to run it"
+
+
+def _load(name: str, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_seeds_shape_benchs_tuned_setting_is_the_tuners_grid_and_its_ratio(monkeypatch):
+    bench = _load("gpu_batch_default", monkeypatch)
+    tune = bench.tune_config("100,256,1024", "default,16384", 100.0)
+    assert tune.enabled and tune.strategy == "coordinate"
+    assert tune.max_num_seqs == [100, 256, 1024] and tune.max_num_batched_tokens == [None, 16384]
+    assert tune.itl_p95_slo_ms == 100.0
+    level = {"concurrency": 100, "ttft_p95_s": 1.0}
+    rows = [
+        {
+            "model": "m",
+            "gpu_memory_utilization": 0.9,
+            "settings": name,
+            "max_num_seqs": seqs,
+            "load": [level | {"output_tok_s": tok_s}],
+        }
+        for name, seqs, tok_s in (
+            ("vllm-default", 1024, 4000.0),
+            ("project-default", 416, 3900.0),
+            ("tuned", 256, 4600.0),
+        )
+    ]
+    lines = bench.ratios(rows)
+    assert any(
+        "c100: tuned 4,600 tok/s (max_num_seqs 256) / vllm-default 4,000 = 1.15x" in line
+        for line in lines
+    ), lines
+    assert any("c100: project-default 3,900" in line and "= 0.97x" in line for line in lines), lines
