@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -9,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from llm_release.config import SourceConfig
 from llm_release.hub.acquire import Acquired, acquire, check_repo_contract, resolve
 from llm_release.hub.credentials import HubToken
+from llm_release.hub.handover import Handover, receive
 
 
 @task(name="acquire", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -56,3 +58,19 @@ def acquire_model(source: SourceConfig, token: HubToken | None = None) -> Acquir
 def resolve_revision(source: SourceConfig, token: HubToken | None = None) -> str:
     commit, _ = resolve(source, token=token)
     return commit
+
+
+@task(name="receive", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+def receive_candidate(handover: Handover) -> Path:
+    """A candidate another host handed over through the hub, on this host: its commit
+    downloaded (every file proven), then held to the hashes the hand-over carried. The
+    token is the one saved for that hub (``credentials.token_for``), never a parameter's."""
+    folder = receive(handover)
+    get_run_logger().info(
+        "%s@%s received and proven: %d files in %s",
+        handover.repo_id,
+        handover.commit[:12],
+        len(handover.files),
+        folder,
+    )
+    return folder

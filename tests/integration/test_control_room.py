@@ -37,6 +37,7 @@ DEPLOYMENTS = {
     "promote",
     "rollback",
     "eval-only",
+    "measure",
 }
 REPO = "tests/control-room"
 # The shortest lease Prefect 3.9's API accepts (ge=60 on /v2/concurrency_limits/increment-with-lease).
