@@ -64,6 +64,19 @@ def serving_for(setting: str, util: float, flags: list[str]):
     )
 
 
+def seeds_load(requests: int):
+    """The seeds' workload: 512 prompt + 256 output tokens at 10 / 50 / 100 streams."""
+    from llm_release.config import LoadProfile
+
+    return LoadProfile(
+        concurrencies=LEVELS,
+        requests_per_level=requests,
+        prompt_tokens=512,
+        output_tokens=256,
+        max_seconds_per_level=120,
+    )
+
+
 def tune_config(seqs: str, batched: str, itl_slo_ms: float):
     """The tuner's grid for ``tuned``: '256,1024' and 'default,16384' (default: vLLM's)."""
     from llm_release.config import TuneConfig
@@ -91,17 +104,11 @@ def tuned_serving(
     ttft_slo_s: float,
 ) -> tuple:
     """The tuner's choice for this shape (its search record beside it)."""
-    from llm_release.config import Gates, LoadProfile
+    from llm_release.config import Gates
     from llm_release.hardware import detect
     from llm_release.serving.tune import tune_candidate
 
-    load = LoadProfile(
-        concurrencies=LEVELS,
-        requests_per_level=requests,
-        prompt_tokens=512,
-        output_tokens=256,
-        max_seconds_per_level=120,
-    )
+    load = seeds_load(requests)
     return tune_candidate(
         tune,
         model_dir=model_dir,
@@ -126,7 +133,6 @@ def run_setting(
 ) -> dict:
     from release_proof import DUMMY_MODELS, models_for, serving_flags_for
 
-    from llm_release.config import LoadProfile
     from llm_release.errors import ReleaseError
     from llm_release.load.loadtest import run_load_test
     from llm_release.serving.serve import Owner, VllmServer
@@ -177,13 +183,7 @@ def run_setting(
                 row["kv_tokens_vllm"] = report.kv_cache_tokens
                 row["max_concurrency_vllm"] = report.max_concurrency
             if setting != "start-only":
-                profile = LoadProfile(
-                    concurrencies=LEVELS,
-                    requests_per_level=requests,
-                    prompt_tokens=512,
-                    output_tokens=256,
-                    max_seconds_per_level=120,
-                )
+                profile = seeds_load(requests)
                 result = run_load_test(
                     endpoint.base_url, endpoint.served_name, tokenizer, profile, run, max_attempts=1
                 )

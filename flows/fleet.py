@@ -35,7 +35,6 @@ from tabulate import tabulate
 
 from llm_release.errors import ConfigError, ReleaseError
 from llm_release.fleet import (
-    HOST_NAME,
     POOL,
     QUEUE_PREFIX,
     VARIABLE_PREFIX,
@@ -103,29 +102,24 @@ def join(card: HostCard) -> tuple[str, int]:
 def hosts() -> list[HostView]:
     """Every host of the fleet: the pool's host queues, each with its card and its worker."""
     from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
 
-    from tasks.fleet import card_of
+    from tasks.fleet import card_of, host_queues
     from tasks.slots import limit_name
 
+    names = host_queues()
+    if not names:
+        return []
     with get_client(sync_client=True) as client:
-        try:
-            queues = client.read_work_queues(work_pool_name=POOL)
-        except ObjectNotFound:
-            return []
         workers = {w.name: w for w in client.read_workers_for_work_pool(POOL)}
         limits = {g.name: g.limit for g in client.read_global_concurrency_limits(limit=200)}
     views = []
-    for queue in sorted(queues, key=lambda q: q.name):
-        name = queue.name.removeprefix(QUEUE_PREFIX)
-        if not queue.name.startswith(QUEUE_PREFIX) or not HOST_NAME.fullmatch(name):
-            continue
+    for name in names:
         card = card_of(name)  # a variable anyone with the API can edit: None if invalid
         worker = workers.get(name)
         views.append(
             HostView(
                 name=name,
-                queue=queue.name,
+                queue=QUEUE_PREFIX + name,
                 gpus=len(card.gpus) if card else 0,
                 gpu_memory_gib=sorted({g.memory_gib for g in card.gpus}) if card else [],
                 slots=limits.get(limit_name(name)),
