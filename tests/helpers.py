@@ -178,9 +178,11 @@ def prefect_server_with_ui(base: Path):
     return server()
 
 
-def chromium_page(url: str, png: Path, wait_ms: int = 20000) -> str:
+def chromium_page(url: str, png: Path, wait_ms: int = 20000, until: str | None = None) -> str:
     """Load ``url`` in headless Chromium (Debian's), save a screenshot to ``png`` and return
-    the page's DOM after its scripts ran (the Prefect UI is a single-page app)."""
+    the page's DOM after its scripts ran (the Prefect UI is a single-page app). ``until``:
+    text the rendered page shows; on a loaded host the app can still be empty when the
+    virtual-time budget ends (CI64), so the DOM is read again, at most three times."""
     import shutil
 
     chromium = shutil.which("chromium")
@@ -198,8 +200,13 @@ def chromium_page(url: str, png: Path, wait_ms: int = 20000) -> str:
         [*common, f"--screenshot={png}", url], capture_output=True, text=True, timeout=180
     )
     assert shot.returncode == 0 and png.stat().st_size > 10_000, shot.stderr[-2000:]
-    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180)
-    assert dom.returncode == 0, dom.stderr[-2000:]
+    for _ in range(3):
+        dom = subprocess.run(
+            [*common, "--dump-dom", url], capture_output=True, text=True, timeout=180
+        )
+        assert dom.returncode == 0, dom.stderr[-2000:]
+        if until is None or until in dom.stdout:
+            break
     return dom.stdout
 
 

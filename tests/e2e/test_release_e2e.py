@@ -204,13 +204,16 @@ def test_release_end_to_end(
     # What a person sees: the run's page and its candidates table in the Prefect UI, in a
     # real browser (headless Chromium); the screenshots stay in the run folder.
     run_page = chromium_page(
-        f"{prefect_api}/runs/flow-run/{final.state_details.flow_run_id}", run_dir / "ui-run.png"
+        f"{prefect_api}/runs/flow-run/{final.state_details.flow_run_id}",
+        run_dir / "ui-run.png",
+        until=f">{final.name}<",
     )
     # The state badge shows the state's name ("Completed with failed candidates").
     assert f">{final.name}<" in run_page, run_page[-2000:]
     table_page = chromium_page(
         f"{prefect_api}/artifacts/artifact/{artifacts['release-candidates'].id}",
         run_dir / "ui-candidates.png",
+        until='title="verdict"',
     )
     header = table_page.index('title="verdict"')  # the first column
     assert all(table_page.index(f">{name}<") > header for name in results), table_page[-3000:]
