@@ -71,8 +71,9 @@ def read_card(name: str, gpus: int | None, gpu_memory_gib: float | None) -> Host
 def join(card: HostCard) -> tuple[str, int]:
     """Declare ``card``'s host to the Prefect API: the pool (made when missing), the host's
     queue with its description, its slot limit (one slot per GPU; an existing one is left as
-    the operator set it) and its card; the queue's name (what its worker polls) and the
-    host's slots in force."""
+    the operator set it), its card, and the fleet's watch on lost measure runs
+    (tasks/lost_runs.py); the queue's name (what its worker polls) and the host's slots in
+    force."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -92,9 +93,11 @@ def join(card: HostCard) -> tuple[str, int]:
         except ObjectAlreadyExists:
             (found,) = [q for q in client.read_work_queues(work_pool_name=POOL) if q.name == queue]
             client.update_work_queue(found.id, description=card.describe())
+    from tasks.lost_runs import ensure_lost_run_watch
     from tasks.slots import ensure_host_limit
 
     slots = ensure_host_limit(card.slots, host=card.name)
+    ensure_lost_run_watch()
     Variable.set(VARIABLE_PREFIX + card.name, card.model_dump(mode="json"), overwrite=True)
     return queue, slots
 
