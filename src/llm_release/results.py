@@ -272,6 +272,13 @@ class CandidateResult(Record):
     gpus: list[int] = Field(
         default_factory=list, description="the GPUs its server held (none on a CPU host)"
     )
+    measured_on: str | None = Field(
+        None, description="the fleet host that measured it (None: the release's own host)"
+    )
+    lost: list[str] = Field(
+        default_factory=list,
+        description="attempts lost with their host before it was measured (fleet faults)",
+    )
 
 
 Outcome = Literal["pass", "fail", "inconclusive"]

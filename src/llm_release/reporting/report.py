@@ -412,6 +412,11 @@ def gates_section(decision: Decision, results: list[CandidateResult]) -> list[st
             "decoding, settings, libraries and host unchanged).*",
             "",
         ]
+    for r in results:
+        if r.measured_on:
+            lines += [f"*{r.name}: measured on fleet host {r.measured_on}.*", ""]
+        lines += [f"*{r.name}: an attempt was lost: {why}.*" for why in r.lost]
+        lines += [""] if r.lost else []
     for verdict in decision.verdicts:
         if verdict.role == "champion":
             mark = "the release serving users now (reference)"

@@ -310,3 +310,14 @@ def test_the_markdown_shows_timings_deployment_and_verdict():
     assert rolled.verdict == "rolled back"
     assert rolled.summary == f"{decision.summary}; canary rolled back: TTFT p95 over the SLO"
     assert "## Canary rollout" in rolled.to_markdown()
+
+
+def test_the_gates_say_where_a_contender_was_measured_and_what_was_lost():
+    home = candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"])
+    away = candidate("fp8", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"]).model_copy(
+        update={"measured_on": "gpu_b", "lost": ["host gpu_c, flow run r-7: lost: no heartbeat"]}
+    )
+    text = render([home, away], decide([home, away], Gates()))
+    assert "*fp8: measured on fleet host gpu_b.*" in text
+    assert "*fp8: an attempt was lost: host gpu_c, flow run r-7: lost: no heartbeat.*" in text
+    assert "baseline: measured on" not in text  # the release's own host says nothing
