@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from prefect import flow
 from prefect.client.schemas.objects import State
+from prefect.states import Cancelled
 
 from llm_release import paths
 from llm_release.decision.remote import MeasureOrder
 from llm_release.results import CandidateResult
 from tasks.acquire import receive_candidate
 from tasks.candidate import measure_contender
+from tasks.lost_runs import given_up_on
 from tasks.probe import probe_host
 from tasks.stage import StageClock
 from tasks.states import value_of
@@ -30,6 +32,9 @@ def measure(order: MeasureOrder) -> CandidateResult | State:
     with stage("probe"):
         host = probe_host(model_dir, [], order.contender.serving)
     with stage("measure"):
+        # given up for lost meanwhile (tasks/lost_runs.py): measured elsewhere, not here too
+        if (why := given_up_on()) is not None:
+            return Cancelled(message=f"not measured: this run was given up for lost ({why})")
         state = measure_contender(
             order.contender_at(model_dir),
             model_dir,

@@ -83,3 +83,21 @@ def ensure_lost_run_watch(lost_after_s: int = LOST_AFTER_S) -> Automation:
         wanted.update()
         return wanted
     return kept
+
+
+def given_up_on() -> str | None:
+    """Why this flow run was given up for lost (None: it was not): a run that comes back
+    after the watch crashed it, e.g. from a host cut off from the Prefect API for a while,
+    whose contender the release has already sent to another host. Such a run stops before
+    it takes a GPU, so no contender is measured twice."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.get_id()
+    if run_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(run_id).state
+    if state is not None and state.is_final():
+        return f"{state.name} on the Prefect server: {state.message or 'no message'}"
+    return None

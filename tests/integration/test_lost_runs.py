@@ -2,7 +2,8 @@
 item 3), against a real Prefect server: two hosts serve a flow named ``measure`` (Prefect's
 runner, which runs each flow run in a process of its own and beats for it), one host's
 process group is killed mid-run, and the watch of ``tasks/lost_runs.py`` moves that run to
-Crashed with its reason while the other host's run, beating, ends Completed."""
+Crashed with its reason while the other host's run, beating, ends Completed; the crashed
+run, were it to come back, is told it was given up (the fence of flows/measure.py)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,12 @@ def state_of(env: dict, run_id: str) -> tuple[str, str]:
     return name, message
 
 
+def given_up_on(env: dict, run_id: str) -> str:
+    """What tasks.lost_runs.given_up_on says inside flow run ``run_id``."""
+    code = "from tasks.lost_runs import given_up_on; print(given_up_on())"
+    return python(env | {"PREFECT__FLOW_RUN_ID": run_id}, code)
+
+
 def until(env: dict, run_id: str, names: set[str], limit_s: float) -> tuple[str, str]:
     ends = time.monotonic() + limit_s
     seen = state_of(env, run_id)
@@ -130,6 +137,9 @@ def test_a_killed_hosts_measure_run_is_crashed_and_a_beating_one_is_not(prefect_
         assert name == "Crashed", (name, message)
         assert "no heartbeat for 40 s" in message
         assert time.monotonic() - killed_at >= WINDOW_S - 5  # not before its window
+        # the fence of flows/measure.py: a run that comes back after this stops before the GPU
+        assert given_up_on(env, lost).startswith("Crashed on the Prefect server: lost:")
+        assert given_up_on(env, kept) == "None"  # still beating
         assert until(env, kept, {"Completed", "Crashed", "Failed"}, 120)[0] == "Completed"
     finally:
         for proc in hosts.values():
