@@ -16,7 +16,9 @@ project's load test (GuideLLM), then stopped:
                    the project's start) over ``--tune-seqs`` x ``--tune-batched`` under the
                    SLO ``--ttft-slo-s`` / ``--itl-slo-ms`` at 10 / 50 / 100 streams, then its
                    choice started once more and measured as the others are (its search,
-                   SLO and trials in the row's ``tune``)
+                   SLO and trials in the row's ``tune``); a choice the search measured at
+                   every level from its own start is not started again (its row says
+                   ``measured_in_search``)
 
 One JSON line per setting goes to ``--jsonl`` (keys of docs/gpu-release-<date>.jsonl:
 workload, model, settings, max_num_seqs, load [concurrency, output_tok_s, ttft_p95_s,
@@ -169,6 +171,16 @@ def run_setting(
             "levels_measured": tuned.levels_measured,
             "seconds": tune_s,
         }
+    searched = measured_in_search(tuned) if tuned is not None else None
+    if searched is not None:
+        # the choice was measured at every level from its own fresh start, as every row is:
+        # that is its row (starting it once more would only add one more sample of noise)
+        row["tune"]["measured_in_search"] = True
+        row["max_num_seqs"] = searched.setting.max_num_seqs
+        row["load"] = load_rows(searched.levels)
+        row["healthy"] = True
+        row["wall_s"] = round(searched.seconds, 1)
+        return row
     server = VllmServer(
         model_dir, [shape], serving, run / "vllm.log", owner=Owner(candidate=setting)
     )
@@ -187,17 +199,7 @@ def run_setting(
                 result = run_load_test(
                     endpoint.base_url, endpoint.served_name, tokenizer, profile, run, max_attempts=1
                 )
-                row["load"] = [
-                    {
-                        "concurrency": lv.concurrency,
-                        "requests": lv.requests,
-                        "output_tok_s": round(lv.output_tokens_per_s, 1),
-                        "ttft_p95_s": round(lv.ttft_p95_ms / 1000, 4),
-                        "itl_p95_ms": round(lv.itl_p95_ms, 3),
-                        "errors": lv.errors,
-                    }
-                    for lv in result.levels
-                ]
+                row["load"] = load_rows(result.levels)
         row["healthy"] = True
     except ReleaseError as exc:
         row["healthy"] = False
@@ -205,6 +207,34 @@ def run_setting(
         row.setdefault("max_num_seqs", server.serving.max_num_seqs)
     row["wall_s"] = round(time.monotonic() - started, 1)
     return row
+
+
+def load_rows(levels) -> list[dict]:
+    return [
+        {
+            "concurrency": lv.concurrency,
+            "requests": lv.requests,
+            "output_tok_s": round(lv.output_tokens_per_s, 1),
+            "ttft_p95_s": round(lv.ttft_p95_ms / 1000, 4),
+            "itl_p95_ms": round(lv.itl_p95_ms, 3),
+            "errors": lv.errors,
+        }
+        for lv in levels
+    ]
+
+
+def measured_in_search(tuned):
+    """The chosen setting's trial when the search measured it at every level from its own
+    first start (not raced from a higher level, not a second start); else None."""
+    for trial in tuned.trials:
+        if (
+            trial.setting == tuned.chosen
+            and not trial.again
+            and trial.error is None
+            and [lv.concurrency for lv in trial.levels] == LEVELS
+        ):
+            return trial
+    return None
 
 
 def ratios(rows: list[dict]) -> list[str]:

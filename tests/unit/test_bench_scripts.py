@@ -64,3 +64,56 @@ def test_the_seeds_shape_benchs_tuned_setting_is_the_tuners_grid_and_its_ratio(m
         for line in lines
     ), lines
     assert any("c100: project-default 3,900" in line and "= 0.97x" in line for line in lines), lines
+
+
+def test_the_tuners_choice_is_started_again_only_when_the_search_raced_it(monkeypatch):
+    from llm_release.results import LoadLevel, Setting, Trial, TuneResult
+
+    bench = _load("gpu_batch_default", monkeypatch)
+
+    def level(c):
+        return LoadLevel(
+            concurrency=c,
+            requests=100,
+            errors=0,
+            error_rate=0,
+            ttft_p50_ms=1,
+            ttft_p95_ms=900,
+            itl_p50_ms=9,
+            itl_p95_ms=20,
+            output_tokens_per_s=10.0 * c,
+            requests_per_s=1,
+        )
+
+    start, other = (
+        Setting(max_num_seqs=100),
+        Setting(max_num_seqs=100, max_num_batched_tokens=16384),
+    )
+    full = Trial(setting=start, levels=[level(c) for c in (10, 50, 100)])
+    raced = Trial(setting=other, levels=[level(50), level(100)])
+
+    def result(chosen, *trials):
+        return TuneResult(
+            strategy="coordinate",
+            slo={"ttft_p95_ms": 3800, "itl_p95_ms": 100, "max_error_rate": 0.01},
+            levels=[10, 50, 100],
+            chosen=chosen,
+            trials=list(trials),
+            grid_size=2,
+            seconds=1.0,
+            levels_measured=5,
+        )
+
+    assert bench.measured_in_search(result(start, full, raced)) is full
+    assert bench.measured_in_search(result(other, full, raced)) is None  # raced: started again
+    again = full.model_copy(update={"again": True})
+    assert bench.measured_in_search(result(start, again)) is None
+    rows = bench.load_rows(full.levels)
+    assert rows[-1] == {
+        "concurrency": 100,
+        "requests": 100,
+        "output_tok_s": 1000.0,
+        "ttft_p95_s": 0.9,
+        "itl_p95_ms": 20.0,
+        "errors": 0,
+    }

@@ -244,6 +244,28 @@ def kv_check(
     )
 
 
+def folder_files(model_dir: Path) -> hub_headers.ModelFiles:
+    """What the planner reads of a local model folder: its shards' headers, or for a folder
+    with a config and no weight shards (a full-size shape served with ``--load-format
+    dummy``) the config alone."""
+    folder = Path(model_dir)
+    has_weights = (folder / "model.safetensors").is_file() or (
+        folder / "model.safetensors.index.json"
+    ).is_file()
+    if (
+        has_weights
+        or not (folder / "config.json").is_file()
+        or (folder / "config.json").stat().st_size > planner.MAX_CONFIG_BYTES
+    ):
+        return hub_headers.read_local(folder)
+    return hub_headers.ModelFiles(
+        source="local (config only)",
+        config=planner.load_config_json((folder / "config.json").read_bytes()),
+        tensors={},
+        shards=[],
+    )
+
+
 def plan_for_dir(
     model_dir: Path,
     serving: ServingConfig,
@@ -251,25 +273,10 @@ def plan_for_dir(
     files: hub_headers.ModelFiles | None = None,
 ) -> planner.CapacityPlan:
     """The planner for a local model folder served with ``serving`` on ``host``. A folder with
-    a config and no weight shards (a full-size shape served with ``--load-format dummy``) is
-    sized from the config's parameter count in its own dtype."""
+    a config and no weight shards is sized from the config's parameter count in its own
+    dtype (``folder_files``)."""
     if files is None:
-        folder = Path(model_dir)
-        has_weights = (folder / "model.safetensors").is_file() or (
-            folder / "model.safetensors.index.json"
-        ).is_file()
-        files = (
-            hub_headers.read_local(folder)
-            if has_weights
-            or not (folder / "config.json").is_file()
-            or (folder / "config.json").stat().st_size > planner.MAX_CONFIG_BYTES
-            else hub_headers.ModelFiles(
-                source="local (config only)",
-                config=planner.load_config_json((folder / "config.json").read_bytes()),
-                tensors={},
-                shards=[],
-            )
-        )
+        files = folder_files(model_dir)
     dtype = served_dtype(serving.dtype, host, files.config)
     arch = planner.parse_config(files.config)
     request = _request(serving, host, dtype)

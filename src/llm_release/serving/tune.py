@@ -54,7 +54,6 @@ from llm_release.config import Gates, LoadProfile, ServingConfig, Speculation, T
 from llm_release.evaluation.items import traffic as eval_set_traffic
 from llm_release.fileio import atomic_write_text
 from llm_release.hardware import Hardware
-from llm_release.hub import hub_headers
 from llm_release.load.loadtest import Messages, goodput, level_verdict, run_load_test, slo_for
 from llm_release.results import LoadLevel, Pruned, Record, Setting, Slo, Trial, TuneResult
 from llm_release.serving import capacity, reasoning
@@ -410,7 +409,7 @@ def drop_flag(args: list[str], flag: str) -> list[str]:
 
 def planner_fits(model_dir: Path, serving: ServingConfig, host: Hardware) -> Fits:
     """None for a setting the planner says fits, else its verdict (read the folder once)."""
-    files = hub_headers.read_local(Path(model_dir))
+    files = capacity.folder_files(Path(model_dir))
 
     def fits(setting: Setting) -> str | None:
         plan = capacity.plan_for_dir(model_dir, apply_setting(serving, setting), host, files)

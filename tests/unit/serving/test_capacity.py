@@ -160,6 +160,15 @@ def test_a_config_only_folder_is_sized_from_its_parameter_count(tmp_path):
     assert result.weights.source == "estimate"
     assert result.weights.total_bytes == 2 * estimate_params(parse_config(cfg)).total > 14e9
 
+    # the tuner plans each setting of such a folder the same way (2026-12-06, an H100: it
+    # read the folder for shards and stopped before its first server)
+    from llm_release.results import Setting
+    from llm_release.serving.tune import planner_fits
+
+    fits = planner_fits(folder, ServingConfig(dtype="bfloat16", max_model_len=2048), GPU)
+    assert fits(Setting(max_num_seqs=8)) is None
+    assert "the planner" in fits(Setting(max_num_seqs=8, gpu_memory_utilization=0.05))
+
 
 # ---------------------------------------------------------------- tensor_parallel_size auto
 
