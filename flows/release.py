@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import State
+from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
@@ -37,6 +39,8 @@ from llm_release.serving.probe import HostSupport
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner
+from tasks.dispatch import place_contenders, send_away
+from tasks.fleet import fleet_hub_access
 from tasks.plan import plan_capacity
 from tasks.probe import probe_host
 from tasks.promote import promote_release
@@ -225,10 +229,17 @@ def measure_contenders(
     service: str,
 ) -> list[CandidateResult]:
     """Every contender served, evaluated and load-tested alike, side by side as far as the
-    host's slots allow (one per GPU: tasks/slots.py). A failed candidate is a Failed task
-    run; its result goes on to the decision as a measured one does."""
-    futures = [
-        measure_contender.submit(
+    host's slots allow (one per GPU: tasks/slots.py). On a host of a fleet, a challenger
+    this host has no free slot for goes to another host whose card fits the plan and whose
+    slots are free, handed over through the fleet's hub (docs/fleet.md); outside a fleet
+    every one is measured here, as always. A failed candidate is a Failed task run; its
+    result goes on to the decision as a measured one does."""
+    placed = place_contenders(contenders, acquired, config, host)
+    # the fleet's hub refused here, before any measurement starts, when it is not set
+    hub = fleet_hub_access() if placed.away() else None
+    slo = slo_for(config.gates)
+    started: dict[str, PrefectFuture | State] = {
+        c.name: measure_contender.submit(
             c,
             acquired.model_dir,
             config.evaluation,
@@ -237,11 +248,18 @@ def measure_contenders(
             run_dir / "candidates" / c.name,
             service,
             run_id,
-            slo=slo_for(config.gates),
+            slo=slo,
         )
         for c in contenders
+        if placed.at_home(c.name)
+    }
+    if hub is not None:
+        away = [c for c in contenders if not placed.at_home(c.name)]
+        started |= send_away(away, placed, hub, acquired, config, run_id, service)
+    return [
+        value_of(s if isinstance(s, State) else settled(s), CandidateResult)
+        for s in (started[c.name] for c in contenders)
     ]
-    return [value_of(settled(future), CandidateResult) for future in futures]
 
 
 def promote(

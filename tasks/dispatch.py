@@ -1,27 +1,81 @@
-"""A contender measured on another host of the fleet (docs/fleet.md): a flow run of the
+"""Where each contender is measured, and a contender measured on another host of the fleet
+(docs/fleet.md): ``place_contenders`` seats every contender (``fleet.place``: here while
+this host has a free slot, else the freest host whose card fits), ``send_away`` hands each
+one seated elsewhere over through the fleet's hub and sends it as a flow run of the
 ``measure`` deployment sent to that host's own queue (``run_deployment``, Prefect's own
 dispatch: no queue of ours), nested under this task in the UI, its result read back from
 the record. Only a host that joined is sent to: Prefect makes a queue nobody polls for an
-unknown name, and the run would wait there for ever."""
+unknown name, and the run would wait there for ever. The candidate goes first to the fleet's
+hub (``hand_over_contender``), whence the measuring host downloads it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import httpx
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
+from prefect.futures import PrefectFuture
 
+from llm_release.config import ReleaseConfig
 from llm_release.decision import measurements, remote
-from llm_release.decision.remote import MeasureOrder
-from llm_release.errors import ConfigError
-from llm_release.fleet import QUEUE_PREFIX, checked_name
+from llm_release.decision.contenders import Contender
+from llm_release.decision.remote import MeasureOrder, OrderedContender
+from llm_release.errors import ConfigError, ReleaseError, StateError, one_line
+from llm_release.fleet import QUEUE_PREFIX, Placement, Seat, checked_name, place
+from llm_release.hub.acquire import Acquired
+from llm_release.hub.handover import FleetHub, Handover, hand_over
+from llm_release.load.loadtest import slo_for
+from llm_release.quantization.quantize import RECORD
 from llm_release.results import CandidateResult
-from tasks.fleet import host_queues
-from tasks.states import failed_with, first_line
+from llm_release.serving import gpus, placement
+from llm_release.serving.capacity import fleet_fits, folder_files
+from llm_release.serving.probe import HostSupport
+from llm_release.settings import settings
+from tasks.fleet import free_slots, host_queues, release_fleet
+from tasks.states import failed_with, first_line, settled
 
 # A measurement of a large model: start, evaluation and load test can take hours.
 MEASURE_TIMEOUT_S = 6 * 3600.0
+
+
+@task(
+    name="hand-over",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=10,
+    task_run_name="hand-over-{contender.name}",
+)
+def hand_over_contender(
+    contender: Contender, hub: FleetHub, run_id: str, upstream_repo: str, upstream_commit: str
+) -> Handover:
+    """The contender's folder published to the fleet's hub, one repo of its own for this run
+    (its quantization record left home: it names this host's paths); what the measuring
+    host needs to fetch it and prove every file."""
+    if contender.model_dir is None:
+        raise StateError(
+            f"{contender.name} has no folder to hand over",
+            hint="only a built contender is measured on another host",
+        )
+    handover = hand_over(
+        contender.model_dir,
+        hub.target(upstream_repo, contender.name, run_id),
+        run_id=run_id,
+        candidate=contender.name,
+        scheme=contender.scheme,
+        upstream_repo=upstream_repo,
+        upstream_commit=upstream_commit,
+        exclude=(RECORD,),
+    )
+    get_run_logger().info(
+        "%s handed over as %s@%s (%d files)",
+        contender.name,
+        handover.repo_id,
+        handover.commit[:12],
+        len(handover.files),
+    )
+    return handover
 
 
 @task(
@@ -107,3 +161,110 @@ def measure_on_host(
         lost=lost,
     )
     return failed_with(failed, f"{name}: {why}")
+
+
+def place_contenders(
+    contenders: list[Contender], acquired: Acquired, config: ReleaseConfig, host: HostSupport
+) -> Placement:
+    """Where each contender is measured (``fleet.place``). Outside a fleet every one is
+    measured here and Prefect is asked nothing; in a fleet with a shared record (another
+    host's result comes back through it), the other hosts whose card fits the release's
+    settings (judged as the plan stage judges them, from the model's own headers) and every
+    host's free slots now. A fleet that cannot be read leaves every contender here, with a
+    warning."""
+    current = settings()
+    home = current.host_name
+    here = Placement(home=home or "", hosts={c.name: home or "" for c in contenders})
+    if home is None:
+        return here
+    logger = get_run_logger()
+    if current.database_url is None:
+        logger.warning(
+            "fleet: the record is this host's own (LLM_RELEASE_DATABASE_URL unset), so no "
+            "other host's measurement could be read back: every contender is measured here"
+        )
+        return here
+    try:
+        others = fleet_fits(
+            config, host.host, folder_files(acquired.model_dir), release_fleet(), home
+        )
+        free = free_slots(home, others) if others else {}
+    except (ReleaseError, ValueError, KeyError, httpx.HTTPError) as exc:
+        logger.warning("fleet: not read (%s); every contender is measured on this host", exc)
+        return here
+    if not others:
+        return here
+    on_host = gpus.host_gpus()
+    seats = [
+        Seat(
+            name=c.name,
+            role=c.role,
+            slots=max(1, placement.gpus_needed(c.serving, on_host)),
+            settled=c.outcome is not None,
+        )
+        for c in contenders
+    ]
+    placed = place(seats, home, {c.name: [home, *others] for c in contenders}, free)
+    shown = ", ".join(f"{h} {n}" for h, n in sorted(free.items()))
+    for name, where in placed.away().items():
+        logger.info("%s: measured on host %s (free slots: %s)", name, where, shown)
+    for name in placed.queued:
+        logger.warning(
+            "%s: no host it fits has a free slot now (%s): queued on host %s, where it waits "
+            "for one",
+            name,
+            shown,
+            placed.hosts[name],
+        )
+    return placed
+
+
+def send_away(
+    contenders: list[Contender],
+    placed: Placement,
+    hub: FleetHub,
+    acquired: Acquired,
+    config: ReleaseConfig,
+    run_id: str,
+    service: str,
+) -> dict[str, PrefectFuture | State]:
+    """Each contender placed on another host handed over through the fleet's hub (all at
+    once), then sent to its host's queue (``measure_on_host``), with the other hosts it fits
+    to measure it on should its host be lost. One whose hand-over failed is a failed result
+    naming why; it is not sent."""
+    ordered = {c.name: OrderedContender.of(c) for c in contenders}  # held to the order's rules
+    handovers = {
+        c.name: hand_over_contender.submit(c, hub, run_id, acquired.repo_id, acquired.commit)
+        for c in contenders
+    }
+    sent: dict[str, PrefectFuture | State] = {}
+    for c in contenders:
+        where = placed.hosts[c.name]
+        state = settled(handovers[c.name])
+        handover = state.result(raise_on_failure=False)
+        if not isinstance(handover, Handover):
+            why = f"not handed over to the fleet's hub for host {where}: " + (
+                one_line(handover) if isinstance(handover, BaseException) else str(state.name)
+            )
+            failed = CandidateResult(
+                name=c.name,
+                role=c.role,
+                scheme=c.scheme,
+                release_id=c.release_id,
+                status="failed",
+                error=why,
+            )
+            sent[c.name] = failed_with(failed, f"{c.name}: {why}")
+            continue
+        order = MeasureOrder(
+            run_id=run_id,
+            release_host=placed.home,
+            contender=ordered[c.name],
+            handover=handover,
+            evaluation=config.evaluation,
+            load=config.load,
+            slo=slo_for(config.gates),
+            public_name=service,
+        )
+        sent[c.name] = measure_on_host.submit(order, where, placed.spare.get(c.name, []))
+    return sent

@@ -1,15 +1,20 @@
-"""The fleet's cards as a release reads them: every host that joined the project's work pool
-(its queue ``host-<name>``) with the card it declared (a Prefect Variable). A card is input:
-anyone with the API can edit a Variable, so one that does not validate is left out."""
+"""The fleet as a release reads it: every host that joined the project's work pool (its
+queue ``host-<name>``) with the card it declared (a Prefect Variable), each host's free slots
+now, and the fleet's hub candidates are handed over through. A card is input: anyone with
+the API can edit a Variable, so one that does not validate is left out."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import httpx
 
+from llm_release.errors import ConfigError
 from llm_release.fleet import HOST_NAME, POOL, QUEUE_PREFIX, VARIABLE_PREFIX, HostCard
-from llm_release.settings import settings
+from llm_release.hub.handover import FleetHub, fleet_hub
+from llm_release.settings import env_name, settings
+from tasks.slots import limit_name
 
 log = logging.getLogger(__name__)
 
@@ -53,3 +58,45 @@ def release_fleet() -> list[HostCard]:
         log.warning("fleet: the hosts' cards could not be read (%s); planned for this host", exc)
         return []
     return [card for card in cards if card is not None]
+
+
+def free_slots(home: str, others: Sequence[str]) -> dict[str, int]:
+    """Each host's free slots now: its Prefect limit (``tasks/slots.limit_name``) less the
+    slots held. 0 for a host whose limit is missing (its runs would fail on it), and for a
+    host of ``others`` whose worker is not ONLINE: a run sent there would wait on a queue
+    nobody polls. Home's own runs need no worker (this process measures them)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        online = {
+            w.name
+            for w in client.read_workers_for_work_pool(POOL)
+            if w.status is not None and w.status.value == "ONLINE"
+        }
+        limits = {g.name: g for g in client.read_global_concurrency_limits(limit=200)}
+    free = {}
+    for name in [home, *others]:
+        limit = limits.get(limit_name(name))
+        left = limit.limit - limit.active_slots if limit is not None else 0
+        free[name] = max(0, left) if name == home or name in online else 0
+    return free
+
+
+def fleet_hub_access() -> FleetHub:
+    """The fleet's hub from the operator's settings, its write token from the HubCredentials
+    block they name (bound to that block's endpoint, which must be the fleet hub's); a
+    one-line ConfigError when unset."""
+    from blocks.hub import HubCredentials
+
+    name = settings().fleet_hub_credentials
+    if not name:
+        return fleet_hub()
+    try:
+        block = HubCredentials.load(name)
+    except ValueError:  # Prefect's answer for a block that is not saved
+        raise ConfigError(
+            f"{env_name('fleet_hub_credentials')}: no HubCredentials block {name!r} is saved",
+            hint="save one with the fleet hub's endpoint and a write token (docs/fleet.md), "
+            f"or fix {env_name('fleet_hub_credentials')}",
+        ) from None
+    return fleet_hub(block.endpoint, block.token)

@@ -1,12 +1,16 @@
 """The fleet's records, read by the plan stage and the fleet's CLI alike (no Prefect here):
-a host's card (what it declares of itself when it joins: its GPUs and their memory), and a
-host as the fleet sees it. ``flows/fleet.py`` joins and lists hosts through Prefect;
-``tasks/fleet.py`` reads their cards for a release."""
+a host's card (what it declares of itself when it joins: its GPUs and their memory), a host
+as the fleet sees it, and where the measure stage measures each contender (``place``: a pure
+policy; the release reads the fleet and sends the contenders, ``flows/release.py``).
+``flows/fleet.py`` joins and lists hosts through Prefect; ``tasks/fleet.py`` reads their
+cards and free slots for a release."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,3 +75,108 @@ def checked_name(name: str) -> str:
             "(at most 40): it names the host's work queue, worker and card",
         )
     return name
+
+
+# ---------------------------------------------------------------- where each contender is measured
+
+
+class Seat(BaseModel):
+    """A contender as placement sees it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    role: Literal["champion", "baseline", "quantized"]
+    slots: int = Field(1, ge=1, description="the host slots its measurement holds")
+    settled: bool = Field(
+        False, description="its result is known already (skipped, failed to build): no GPU"
+    )
+
+
+class Placement(BaseModel):
+    """Where each contender is measured: ``home`` (the host that runs the release) or
+    another host of the fleet."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    home: str
+    hosts: dict[str, str] = Field(description="contender: the host that measures it")
+    queued: list[str] = Field(
+        default_factory=list,
+        description="contenders no host they fit had a free slot for: queued where they "
+        "wait on that host's own slots (home, when they fit there)",
+    )
+    spare: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="a contender sent away: the other hosts it fits (home aside), most free "
+        "slots first, to measure it on if its host is lost",
+    )
+
+    def at_home(self, name: str) -> bool:
+        return self.hosts[name] == self.home
+
+    def away(self) -> dict[str, str]:
+        """The contenders measured on another host, with their host."""
+        return {name: host for name, host in self.hosts.items() if host != self.home}
+
+
+def _most_free(hosts: Sequence[str], free: Mapping[str, int]) -> str:
+    """The host with the most free slots, ties by name."""
+    return min(hosts, key=lambda h: (-free.get(h, 0), h))
+
+
+def place(
+    contenders: Sequence[Seat],
+    home: str,
+    fits: Mapping[str, Sequence[str]],
+    free: Mapping[str, int],
+) -> Placement:
+    """Where each contender is measured (pure, deterministic: the same input gives the same
+    placement whatever the order of ``fits``' and ``free``'s keys).
+
+    ``fits``: each contender's hosts whose card fits its model (home among them when it fits
+    there); ``free``: each host's free slots now. The champion serves users from home and its
+    folder is home's, and a settled contender takes no GPU: both stay home. Every other one,
+    in the given order, goes home while home has the free slots it needs, else to the host it
+    fits with the most free slots (ties by name), whose free slots it then takes. One that
+    fits some host but finds no free slot anywhere is queued: home when it fits there (it
+    waits on home's own slots), else the host it fits with the most free slots. One that fits
+    no host is a ``ConfigError``: the plan stage refuses such a release."""
+    left = {host: max(0, count) for host, count in free.items()}
+    hosts: dict[str, str] = {}
+    queued: list[str] = []
+    spare: dict[str, list[str]] = {}
+    for seat in contenders:
+        if seat.role == "champion" or seat.settled:
+            hosts[seat.name] = home
+            if not seat.settled:
+                left[home] = left.get(home, 0) - seat.slots
+    for seat in contenders:
+        if seat.name in hosts:
+            continue
+        fitting = sorted(set(fits.get(seat.name, ())))
+        if not fitting:
+            raise ConfigError(
+                f"contender {seat.name} fits no host of the fleet: it cannot be measured",
+                hint="the plan stage refuses a release that fits no host; start the release "
+                "again, or join a host with more GPU memory ('make fleet-join')",
+            )
+        open_hosts = [h for h in fitting if h != home and left.get(h, 0) >= seat.slots]
+        if home in fitting and left.get(home, 0) >= seat.slots:
+            where = home
+        elif open_hosts:
+            where = _most_free(open_hosts, left)
+        else:
+            where = home if home in fitting else _most_free(fitting, left)
+            queued.append(seat.name)
+        hosts[seat.name] = where
+        left[where] = left.get(where, 0) - seat.slots
+        if where != home:
+            others = [h for h in fitting if h not in (where, home)]
+            spare[seat.name] = sorted(others, key=lambda h: (-left.get(h, 0), h))
+    return Placement(
+        home=home,
+        hosts={seat.name: hosts[seat.name] for seat in contenders},
+        queued=queued,
+        spare=spare,
+    )

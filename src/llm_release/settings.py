@@ -356,6 +356,32 @@ class Settings(BaseSettings):
             "one host, the limit llm-release-host (docs/fleet.md)."
         ),
     )
+    fleet_hub_endpoint: str | None = Field(
+        None,
+        **_describe(
+            "The fleet's hub: where a release hands a candidate over to the host of the fleet "
+            "that measures it (a Hugging Face-compatible hub; docs/fleet.md). Unset: a release "
+            "on a host of a fleet whose other hosts fit it is refused at its plan stage."
+        ),
+    )
+    fleet_hub_org: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$",
+        **_describe(
+            "The owner (user or organisation) of the fleet hub's hand-over repos, one per "
+            "candidate and run."
+        ),
+    )
+    fleet_hub_credentials: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9-]{0,99}$",
+        **_describe(
+            "The name of a saved HubCredentials block holding a write token for the fleet's "
+            "hub; the block must be saved for LLM_RELEASE_FLEET_HUB_ENDPOINT, the only "
+            "endpoint its token goes to. Unset: the environment's Hugging Face token where it "
+            "may go (LLM_RELEASE_HF_TOKEN_ENDPOINTS), else none."
+        ),
+    )
     slot_lease_s: float = Field(
         60.0,
         **_describe(

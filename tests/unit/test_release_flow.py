@@ -1,9 +1,27 @@
-"""The release flow reads as the runbook: one screen, each stage named and timed by stage()."""
+"""The release flow reads as the runbook: one screen, each stage named and timed by stage().
+Its measure stage measures every contender here outside a fleet, and in a fleet sends a
+challenger home has no slot for to a free host, through the fleet's hub (tasks stood in)."""
 
 import inspect
+import logging
 import re
+from types import SimpleNamespace
 
+import httpx
+import pytest
+from prefect.states import Completed, Failed
+
+import flows.release as release_flow
+import tasks.dispatch as dispatch
 from flows.release import release
+from llm_release.config import ReleaseConfig, ServingConfig, SourceConfig
+from llm_release.decision.contenders import Contender
+from llm_release.errors import ConfigError, PublishError
+from llm_release.hub.acquire import Acquired
+from llm_release.hub.handover import FleetHub, Handover
+from llm_release.results import CandidateResult
+from llm_release.serving.probe import HostSupport
+from tests.unit.serving.test_probe import CPU, runtime
 
 RUNBOOK = ["plan", "acquire", "probe", "quantize", "tune", "measure", "select", "promote", "canary"]
 
@@ -15,3 +33,210 @@ def test_the_release_flow_is_the_runbook_on_one_screen():
     assert re.findall(r'with stage\("([a-z]+)"\):', source) == RUNBOOK
     # No stage timed by hand, no report assembled from dicts: typed hand-offs only.
     assert "time.monotonic" not in source and "model_dump" not in source
+
+
+# ---------------------------------------------------------------- the measure stage's placement
+
+
+RUN = "20261206T120000Z-5e4d3c2b"
+CONFIG = ReleaseConfig(
+    source=SourceConfig(repo_id="org/m"), serving=ServingConfig(tensor_parallel_size=1)
+)
+HOST = HostSupport(
+    host=CPU,
+    runtime=runtime(1, 2),
+    served_dtype="float32",
+    dtype_reason="",
+    calibration_dtype="float32",
+)
+FLEET_CALLS = ("release_fleet", "fleet_fits", "free_slots", "fleet_hub_access")
+
+
+class _Task:
+    """A task's ``submit`` stood in: what it was given, a future already settled."""
+
+    def __init__(self, answer):
+        self.calls: list[tuple] = []
+        self.answer = answer
+
+    def submit(self, *args, **kwargs):
+        self.calls.append(args)
+        state = self.answer(*args)
+        return SimpleNamespace(wait=lambda: None, state=state)
+
+
+def _measured(contender, *_):
+    return Completed(data=CandidateResult(name=contender.name, scheme="x", status="measured"))
+
+
+@pytest.fixture
+def stage(monkeypatch, tmp_path):
+    """measure_contenders with its tasks stood in; ``home`` measures here, ``sent`` elsewhere."""
+    model = tmp_path / "model"
+    contenders = [
+        Contender(
+            name="champion",
+            role="champion",
+            scheme="FP8",
+            serving=ServingConfig(),
+            model_dir=model,
+            release_id="m-fp8-1",
+        ),
+        Contender(
+            name="baseline",
+            role="baseline",
+            scheme="unquantized (float32)",
+            serving=CONFIG.serving,
+            model_dir=model,
+        ),
+        Contender(
+            name="w4a16",
+            role="quantized",
+            scheme="W4A16",
+            serving=CONFIG.serving,
+            model_dir=tmp_path / "w4a16",
+        ),
+    ]
+    home = _Task(_measured)
+    handover = Handover(
+        repo_id="fleet/m-x",
+        commit="b" * 40,
+        endpoint="http://127.0.0.1:8765",
+        files={"model.safetensors": "0" * 64},
+    )
+    handed = _Task(lambda c, *_: Completed(data=handover))
+
+    def measured_there(order, host, spare):
+        result = CandidateResult(
+            name=order.contender.name, scheme="x", status="measured", measured_on=host
+        )
+        return Completed(data=result)
+
+    sent = _Task(measured_there)
+    monkeypatch.setattr(release_flow, "measure_contender", home)
+    monkeypatch.setattr(dispatch, "hand_over_contender", handed)
+    monkeypatch.setattr(dispatch, "measure_on_host", sent)
+    monkeypatch.setattr(dispatch.gpus, "host_gpus", lambda: [])
+    monkeypatch.setattr(dispatch, "get_run_logger", lambda: logging.getLogger("release"))
+    acquired = Acquired(model, model / "manifest.json", "c" * 40, "org/m", 0, True)
+
+    def run() -> list[CandidateResult]:
+        return release_flow.measure_contenders(
+            contenders, acquired, CONFIG, HOST, RUN, tmp_path / "run", "svc"
+        )
+
+    return SimpleNamespace(
+        run=run, home=home, handed=handed, sent=sent, handover=handover, run_dir=tmp_path / "run"
+    )
+
+
+def test_outside_a_fleet_every_contender_is_measured_here_and_the_fleet_is_not_asked(
+    stage, monkeypatch
+):
+    monkeypatch.delenv("LLM_RELEASE_HOST_NAME", raising=False)
+    for name in FLEET_CALLS:
+        where = release_flow if name == "fleet_hub_access" else dispatch
+        monkeypatch.setattr(where, name, lambda *a, n=name, **k: pytest.fail(f"{n} called"))
+    results = stage.run()
+    assert [r.name for r in results] == ["champion", "baseline", "w4a16"]
+    assert [call[0].name for call in stage.home.calls] == ["champion", "baseline", "w4a16"]
+    assert stage.home.calls[2][5] == stage.run_dir / "candidates" / "w4a16"
+    assert stage.handed.calls == [] and stage.sent.calls == []
+
+
+SHARED_RECORD = "postgresql+psycopg://release:secret@db.fleet/llm_release"
+
+
+def fleet_of(monkeypatch, free: dict[str, int], fits=("gpu_b",), hub=None):
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_a")
+    monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", SHARED_RECORD)
+    monkeypatch.setattr(dispatch, "release_fleet", lambda: ["cards"])
+    monkeypatch.setattr(dispatch, "folder_files", lambda model_dir: "headers")
+    monkeypatch.setattr(dispatch, "fleet_fits", lambda *a: list(fits))
+    monkeypatch.setattr(dispatch, "free_slots", lambda home, others: free)
+    hub = hub or FleetHub(endpoint="http://127.0.0.1:8765", org="fleet")
+    monkeypatch.setattr(release_flow, "fleet_hub_access", lambda: hub)
+    return hub
+
+
+def test_with_home_full_a_challenger_is_handed_over_and_sent_to_a_free_host(stage, monkeypatch):
+    hub = fleet_of(monkeypatch, {"gpu_a": 2, "gpu_b": 1})
+    results = stage.run()
+    # home's two slots: the champion's and the baseline's; w4a16 goes to gpu_b
+    assert [c[0].name for c in stage.home.calls] == ["champion", "baseline"]
+    assert [(c[0].name, c[1]) for c in stage.handed.calls] == [("w4a16", hub)]
+    assert stage.handed.calls[0][2:] == (RUN, "org/m", "c" * 40)
+    ((order, host, spare),) = stage.sent.calls
+    assert (host, spare) == ("gpu_b", [])
+    assert order.run_id == RUN and order.release_host == "gpu_a" and order.public_name == "svc"
+    assert order.contender.name == "w4a16" and order.contender.scheme == "W4A16"
+    assert order.handover == stage.handover and order.evaluation == CONFIG.evaluation
+    assert [(r.name, r.measured_on) for r in results] == [
+        ("champion", None),
+        ("baseline", None),
+        ("w4a16", "gpu_b"),
+    ]
+
+
+def test_with_home_free_nothing_leaves_home_and_no_hub_is_needed(stage, monkeypatch):
+    fleet_of(monkeypatch, {"gpu_a": 3, "gpu_b": 4})
+    monkeypatch.setattr(release_flow, "fleet_hub_access", lambda: pytest.fail("hub asked"))
+    stage.run()
+    assert len(stage.home.calls) == 3 and stage.sent.calls == []
+
+
+def test_a_fleet_without_its_hub_is_refused_before_any_measurement(stage, monkeypatch):
+    fleet_of(monkeypatch, {"gpu_a": 1, "gpu_b": 4})
+
+    def unset():
+        raise ConfigError("LLM_RELEASE_FLEET_HUB_ENDPOINT is unset", hint="set it")
+
+    monkeypatch.setattr(release_flow, "fleet_hub_access", unset)
+    with pytest.raises(ConfigError, match="FLEET_HUB_ENDPOINT is unset"):
+        stage.run()
+    assert stage.home.calls == [] and stage.handed.calls == [] and stage.sent.calls == []
+
+
+def test_a_failed_hand_over_is_the_contenders_failure_and_nothing_is_sent(stage, monkeypatch):
+    fleet_of(monkeypatch, {"gpu_a": 2, "gpu_b": 1})
+    error = PublishError("publishing to fleet/m-x failed: 403", hint="check the token")
+    stage.handed.answer = lambda *_: Failed(data=error)
+    results = stage.run()
+    assert stage.sent.calls == []
+    failed = results[2]
+    assert failed.name == "w4a16" and failed.status == "failed"
+    assert failed.error.startswith("not handed over to the fleet's hub for host gpu_b: ")
+    assert "403" in failed.error
+
+
+def test_with_every_host_full_a_challenger_is_queued_here_and_said_so(stage, monkeypatch, caplog):
+    fleet_of(monkeypatch, {"gpu_a": 0, "gpu_b": 0})
+    with caplog.at_level(logging.WARNING, logger="release"):
+        stage.run()
+    assert len(stage.home.calls) == 3 and stage.sent.calls == []
+    assert "baseline: no host it fits has a free slot now (gpu_a 0, gpu_b 0)" in caplog.text
+
+
+def test_a_fleet_that_cannot_be_read_leaves_every_contender_here(stage, monkeypatch, caplog):
+    fleet_of(monkeypatch, {})
+
+    def down(home, others):
+        raise httpx.ConnectError("connection refused")
+
+    monkeypatch.setattr(dispatch, "free_slots", down)
+    with caplog.at_level(logging.WARNING, logger="release"):
+        stage.run()
+    assert len(stage.home.calls) == 3 and stage.sent.calls == []
+    assert "fleet: not read (connection refused)" in caplog.text
+
+
+def test_a_fleet_without_a_shared_record_measures_everything_here(stage, monkeypatch, caplog):
+    fleet_of(monkeypatch, {"gpu_a": 0, "gpu_b": 4})
+    monkeypatch.delenv("LLM_RELEASE_DATABASE_URL")
+    for name in FLEET_CALLS:
+        where = release_flow if name == "fleet_hub_access" else dispatch
+        monkeypatch.setattr(where, name, lambda *a, n=name, **k: pytest.fail(f"{n} called"))
+    with caplog.at_level(logging.WARNING, logger="release"):
+        stage.run()
+    assert len(stage.home.calls) == 3 and stage.sent.calls == []
+    assert "the record is this host's own (LLM_RELEASE_DATABASE_URL unset)" in caplog.text

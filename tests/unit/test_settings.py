@@ -117,6 +117,19 @@ def test_settings_are_read_from_the_environment_at_each_call(monkeypatch):
     assert current.modelscope_api_token.get_secret_value() == "ms-secret"
 
 
+def test_the_fleet_hub_is_three_operator_settings(monkeypatch):
+    monkeypatch.setenv("LLM_RELEASE_FLEET_HUB_ENDPOINT", " http://10.0.0.5:8765 ")
+    monkeypatch.setenv("LLM_RELEASE_FLEET_HUB_ORG", "ml-fleet")
+    monkeypatch.setenv("LLM_RELEASE_FLEET_HUB_CREDENTIALS", "fleet-hub")
+    current = settings()
+    assert current.fleet_hub_endpoint == "http://10.0.0.5:8765"
+    assert (current.fleet_hub_org, current.fleet_hub_credentials) == ("ml-fleet", "fleet-hub")
+    # a run's parameters never reach them: the run form (ReleaseConfig) has no such field
+    from llm_release.config import ReleaseConfig
+
+    assert not [f for f in ReleaseConfig.model_fields if "fleet" in f]
+
+
 @pytest.mark.parametrize(
     "variable, value, says",
     [
@@ -128,6 +141,8 @@ def test_settings_are_read_from_the_environment_at_each_call(monkeypatch):
         ("LLM_RELEASE_PLAN_DEADLINE_S", "-1", r"not a number of seconds in \(0, 3600\]"),
         ("LLM_RELEASE_LOCAL_ROOTS", "models", "not an absolute path"),
         ("LLM_RELEASE_HOST_NAME", "gpu-a/../x", "should match pattern"),
+        ("LLM_RELEASE_FLEET_HUB_ORG", "fleet/other", "should match pattern"),
+        ("LLM_RELEASE_FLEET_HUB_CREDENTIALS", "Fleet Hub", "should match pattern"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_variable(monkeypatch, variable, value, says):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import httpx
 import pytest
+from pydantic import SecretStr
 
+from llm_release.errors import ConfigError
 from tasks import fleet
 
 
@@ -63,3 +67,67 @@ def test_a_card_that_does_not_validate_is_left_out(monkeypatch, raw):
     monkeypatch.setattr(fleet, "host_queues", lambda: ["gpu_a", "gpu_b"])
     monkeypatch.setattr(prefect.variables.Variable, "get", lambda name, default=None: cards[name])
     assert [card.name for card in fleet.release_fleet()] == ["gpu_a"]
+
+
+# ---------------------------------------------------------------- free slots and the fleet's hub
+
+
+class _Client:
+    """Prefect's client as free_slots reads it: the pool's workers and the slot limits."""
+
+    def __init__(self, workers, limits):
+        self.workers, self.limits = workers, limits
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+    def read_workers_for_work_pool(self, pool):
+        assert pool == "llm-release"
+        return [SimpleNamespace(name=n, status=SimpleNamespace(value=s)) for n, s in self.workers]
+
+    def read_global_concurrency_limits(self, limit):
+        return [
+            SimpleNamespace(name=n, limit=cap, active_slots=held) for n, cap, held in self.limits
+        ]
+
+
+def test_free_slots_are_each_hosts_limit_less_what_is_held(monkeypatch):
+    import prefect.client.orchestration
+
+    client = _Client(
+        workers=[("gpu_b", "ONLINE"), ("gpu_c", "OFFLINE"), ("gpu_d", "ONLINE")],
+        limits=[
+            ("llm-release-host-gpu_a", 2, 1),
+            ("llm-release-host-gpu_b", 4, 1),
+            ("llm-release-host-gpu_c", 8, 0),
+            ("llm-release-host-gpu_e", 8, 9),  # held past its limit (lowered meanwhile)
+            ("llm-release-host", 8, 0),  # the one-host limit is no host's of the fleet
+        ],
+    )
+    monkeypatch.setattr(prefect.client.orchestration, "get_client", lambda **_: client)
+    free = fleet.free_slots("gpu_a", ["gpu_b", "gpu_c", "gpu_d", "gpu_e"])
+    # home counts without a worker (this process measures its own); gpu_c's worker is
+    # offline, gpu_d has no limit, gpu_e's is over-held and has no worker
+    assert free == {"gpu_a": 1, "gpu_b": 3, "gpu_c": 0, "gpu_d": 0, "gpu_e": 0}
+
+
+def test_a_credentials_block_that_is_not_saved_is_refused_in_one_line(monkeypatch):
+    from blocks.hub import HubCredentials
+
+    monkeypatch.setenv("LLM_RELEASE_FLEET_HUB_ENDPOINT", "http://127.0.0.1:8765")
+    monkeypatch.setenv("LLM_RELEASE_FLEET_HUB_ORG", "fleet")
+    monkeypatch.setenv("LLM_RELEASE_FLEET_HUB_CREDENTIALS", "fleet-hub")
+
+    def load(name):
+        raise ValueError(f"Unable to find block document named {name}")
+
+    monkeypatch.setattr(HubCredentials, "load", load)
+    with pytest.raises(ConfigError, match="no HubCredentials block 'fleet-hub' is saved"):
+        fleet.fleet_hub_access()
+    saved = SimpleNamespace(endpoint="http://127.0.0.1:8765", token=SecretStr("hf_write"))
+    monkeypatch.setattr(HubCredentials, "load", lambda name: saved)
+    hub = fleet.fleet_hub_access()
+    assert hub.token is not None and hub.token.token.get_secret_value() == "hf_write"

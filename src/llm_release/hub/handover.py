@@ -12,6 +12,10 @@ quantizing host's paths).
 
 A ``Handover`` arrives as a flow run's parameter, so it is input: its repo id, commit, paths
 and hashes are held to patterns before any request.
+
+The fleet's hub is the operator's (``fleet_hub``: ``LLM_RELEASE_FLEET_HUB_ENDPOINT``,
+``_ORG`` and ``_CREDENTIALS``, the name of a saved HubCredentials block whose write token
+goes to that endpoint only), never a run's parameter.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ import json
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from llm_release.config import REPO_ID, SourceConfig
-from llm_release.errors import AcquireError
+from llm_release.errors import AcquireError, ConfigError
+from llm_release.hub import credentials
 from llm_release.hub.acquire import TransferSettings, acquire
 from llm_release.hub.credentials import HubToken
 from llm_release.hub.publish import Lineage, PublishTarget, publish
+from llm_release.settings import env_name, settings
 
 MAX_FILES = 10_000
 # a file of a model folder as the hub lists it: relative, no '..', no control characters
@@ -65,6 +71,76 @@ def repo_for(org: str, upstream_repo: str, candidate: str, run_id: str) -> str:
     if not re.fullmatch(REPO_ID, repo):
         raise AcquireError(f"no hand-over repo name can be made of {ascii(repo[:120])}")
     return repo
+
+
+class FleetHub(BaseModel):
+    """The fleet's hub as the operator set it: where candidates are handed over (one repo
+    per candidate and run under ``org``), and the write token bound to its endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    endpoint: str
+    org: str
+    token: HubToken | None = None
+
+    def target(self, upstream_repo: str, candidate: str, run_id: str) -> PublishTarget:
+        return PublishTarget(
+            repo_id=repo_for(self.org, upstream_repo, candidate, run_id),
+            endpoint=self.endpoint,
+            token=self.token,
+        )
+
+
+def fleet_hub(saved_endpoint: str | None = None, saved_token: SecretStr | None = None) -> FleetHub:
+    """The fleet's hub from the operator's settings, past the endpoint policy. With
+    ``LLM_RELEASE_FLEET_HUB_CREDENTIALS`` set, the caller passes that block's endpoint and
+    token (``saved_*``): a block saved for another endpoint, or without a token, is refused
+    (its token never goes elsewhere). Unset endpoint or org: a ``ConfigError`` naming them,
+    before any request."""
+    current = settings()
+    url, org = current.fleet_hub_endpoint, current.fleet_hub_org
+    if url is None or org is None:
+        missing = [
+            env_name(f)
+            for f, v in (("fleet_hub_endpoint", url), ("fleet_hub_org", org))
+            if v is None
+        ]
+        raise ConfigError(
+            f"a contender measured on another host of the fleet is handed over through the "
+            f"fleet's hub, and {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+            "unset",
+            hint=f"set {env_name('fleet_hub_endpoint')}, {env_name('fleet_hub_org')} and "
+            f"{env_name('fleet_hub_credentials')} (a HubCredentials block with a write token "
+            "for that hub) in the worker's environment (docs/fleet.md)",
+        )
+    name = env_name("fleet_hub_endpoint")
+    try:
+        endpoint = credentials.check_endpoint(url)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{name}: {str(exc).split(';')[0]}",
+            hint=f"set {name} to the fleet hub's plain http(s) URL, without credentials",
+        ) from None
+    endpoint = credentials.check_hub_endpoint(endpoint)
+    token = None
+    block = current.fleet_hub_credentials
+    if block:
+        own = credentials.check_endpoint(saved_endpoint or credentials.HF_DEFAULT_ENDPOINT)
+        if not credentials.same_endpoint(endpoint, own):
+            raise ConfigError(
+                f"{env_name('fleet_hub_credentials')}: the credentials block {block!r} was "
+                f"saved for {own}, not for the fleet's hub {endpoint}",
+                hint="save a HubCredentials block for the fleet hub's endpoint and name it "
+                "there; a saved token is sent only to its own endpoint",
+            )
+        if saved_token is None:
+            raise ConfigError(
+                f"{env_name('fleet_hub_credentials')}: the credentials block {block!r} holds "
+                "no token",
+                hint="save the block with a write token for the fleet's hub",
+            )
+        token = HubToken(endpoint=endpoint, token=saved_token)
+    return FleetHub(endpoint=endpoint, org=org, token=token)
 
 
 def hand_over(

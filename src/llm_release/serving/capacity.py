@@ -138,18 +138,13 @@ def _verdict(plan: planner.CapacityPlan | None, host: Hardware) -> str:
     return "not planned: GPUs (this host serves on its CPU)"
 
 
-def _judged_on_the_fleet(
-    config: ReleaseConfig,
-    host: Hardware,
-    files: hub_headers.ModelFiles,
-    own_plan: planner.CapacityPlan,
-    others: list[HostCard],
-    own: str,
-) -> planner.CapacityPlan:
-    """``own_plan`` with the fleet's figures: a note when it fits here, a ConfigError when
-    it does not (naming the hosts it fits, or every host's verdict when it fits none). A
-    card's GPUs are planned at their smallest memory, as a server on any of them would be."""
-    plans = {
+def _card_plans(
+    config: ReleaseConfig, host: Hardware, files: hub_headers.ModelFiles, cards: Sequence[HostCard]
+) -> dict[str, planner.CapacityPlan | None]:
+    """Each card's plan for the release's settings (None: a host of the other kind, not
+    planned). A card's GPUs are planned at their smallest memory, as a server on any of them
+    would be."""
+    return {
         card.name: plan_for(
             config,
             card_host(card, host),
@@ -159,8 +154,35 @@ def _judged_on_the_fleet(
         # a host of the other kind measures what this one could not compare: not planned
         if bool(card.gpus) == host.cuda
         else None
-        for card in others
+        for card in cards
     }
+
+
+def fleet_fits(
+    config: ReleaseConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles,
+    fleet: Sequence[HostCard],
+    own: str | None,
+) -> list[str]:
+    """The other hosts of the fleet (``own`` aside) whose card fits the release's serving
+    settings, as the plan stage judges them: where the measure stage may send a contender."""
+    others = [card for card in fleet if card.name != own]
+    plans = _card_plans(config, host, files, others)
+    return sorted(name for name, p in plans.items() if p is not None and p.fits)
+
+
+def _judged_on_the_fleet(
+    config: ReleaseConfig,
+    host: Hardware,
+    files: hub_headers.ModelFiles,
+    own_plan: planner.CapacityPlan,
+    others: list[HostCard],
+    own: str,
+) -> planner.CapacityPlan:
+    """``own_plan`` with the fleet's figures: a note when it fits here, a ConfigError when
+    it does not (naming the hosts it fits, or every host's verdict when it fits none)."""
+    plans = _card_plans(config, host, files, others)
     fitting = sorted(name for name, p in plans.items() if p is not None and p.fits)
     here = (
         f"{own} (this host, {len(host.gpus)} GPU(s))" if host.cuda else f"{own} (this host, no GPU)"

@@ -329,3 +329,22 @@ def test_a_release_that_fits_here_names_the_hosts_that_could_hold_it(h200_memory
     assert plan.notes[-1] == "fleet: also fits gpu_b; not gpu_c (1 × 24 GiB)"
     # a fleet of this host alone changes nothing
     assert plan_release(_auto(), _gpus(1), files, [fleet[2]], "gpu_a") == alone
+
+
+def test_the_hosts_a_measurement_may_go_to_are_those_the_plan_says_it_fits(h200_memory):
+    from llm_release.serving.capacity import as_planned, fleet_fits
+
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(20), shards=[])
+    fleet = [
+        _card("gpu_b", 1, 139.8),
+        _card("gpu_c", 1, 24),
+        _card("gpu_a", 1, 139.8),
+        _card("cpu_d", 0, 1),
+        _card("gpu_e", 2, 139.8),
+    ]
+    # as the plan stage's note names them (this host, gpu_a, aside; a CPU host not planned)
+    assert fleet_fits(_auto(), _gpus(1), files, fleet, "gpu_a") == ["gpu_b", "gpu_e"]
+    # the measure stage judges the settings as planned (tensor_parallel_size fixed)
+    planned = as_planned(_auto(), plan_release(_auto(), _gpus(1), files))
+    assert fleet_fits(planned, _gpus(1), files, fleet, "gpu_a") == ["gpu_b", "gpu_e"]
+    assert fleet_fits(_auto(), _gpus(1), files, [], "gpu_a") == []

@@ -1,0 +1,115 @@
+"""llm_release/fleet.place: where the measure stage measures each contender (a pure policy:
+the fleet's cards and slots come in as arguments)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from llm_release.errors import ConfigError
+from llm_release.fleet import Seat, place
+
+HOME = "gpu_a"
+
+
+def seats(*names: str, role: str = "quantized", **kw) -> list[Seat]:
+    return [Seat(name=n, role=role, **kw) for n in names]
+
+
+def fits_all(contenders: list[Seat], hosts: list[str]) -> dict[str, list[str]]:
+    return {s.name: hosts for s in contenders}
+
+
+def test_one_host_measures_everything_at_home_even_when_its_slots_are_taken():
+    contenders = [Seat(name="champion", role="champion"), *seats("baseline", "w4a16", "fp8")]
+    placed = place(contenders, HOME, fits_all(contenders, [HOME]), {HOME: 0})
+    assert placed.hosts == dict.fromkeys(["champion", "baseline", "w4a16", "fp8"], HOME)
+    assert placed.away() == {} and placed.spare == {}
+    # they fit home alone, found no free slot: queued there (the champion is home anyway)
+    assert placed.queued == ["baseline", "w4a16", "fp8"]
+
+
+def test_home_first_then_the_fitting_host_with_the_most_free_slots():
+    contenders = seats("baseline", "w4a16", "fp8", "int8")
+    hosts = [HOME, "gpu_b", "gpu_c", "gpu_d"]
+    free = {HOME: 1, "gpu_b": 1, "gpu_c": 3, "gpu_d": 0}
+    placed = place(contenders, HOME, fits_all(contenders, hosts), free)
+    # home's one slot to the first; then gpu_c (3 free), gpu_c again (2 left beats gpu_b's 1)
+    assert placed.hosts == {"baseline": HOME, "w4a16": "gpu_c", "fp8": "gpu_c", "int8": "gpu_b"}
+    assert placed.away() == {"w4a16": "gpu_c", "fp8": "gpu_c", "int8": "gpu_b"}
+    assert placed.queued == []
+    # another host to measure it on should its own be lost: the other fitting ones, not home
+    assert placed.spare["w4a16"] == ["gpu_b", "gpu_d"]
+    assert HOME not in placed.spare["int8"]
+
+
+def test_ties_go_to_the_first_host_by_name():
+    contenders = seats("w4a16")
+    free = {HOME: 0, "gpu_c": 2, "gpu_b": 2}
+    placed = place(contenders, HOME, fits_all(contenders, ["gpu_c", HOME, "gpu_b"]), free)
+    assert placed.hosts == {"w4a16": "gpu_b"}
+
+
+def test_a_host_the_model_does_not_fit_gets_nothing_however_free():
+    contenders = seats("baseline", "w4a16")
+    fits = {"baseline": [HOME, "gpu_b"], "w4a16": [HOME, "gpu_b"]}
+    placed = place(contenders, HOME, fits, {HOME: 0, "gpu_b": 1, "gpu_big": 8})
+    assert placed.hosts == {"baseline": "gpu_b", "w4a16": HOME}
+    assert placed.queued == ["w4a16"]  # gpu_b's one slot went to baseline: w4a16 waits home
+
+
+def test_the_champion_stays_home_and_takes_a_slot_there():
+    contenders = [*seats("baseline"), Seat(name="champion", role="champion"), *seats("w4a16")]
+    free = {HOME: 1, "gpu_b": 4}
+    placed = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b"]), free)
+    # placed whatever its position: home's one slot is the champion's
+    assert placed.hosts == {"baseline": "gpu_b", "champion": HOME, "w4a16": "gpu_b"}
+    # with home full, it still stays home (it serves users from home; its folder is home's)
+    full = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b"]), {HOME: 0, "gpu_b": 4})
+    assert full.hosts["champion"] == HOME and "champion" not in full.queued
+
+
+def test_a_settled_contender_stays_home_and_takes_no_slot():
+    contenders = [*seats("skipped", settled=True), *seats("w4a16")]
+    placed = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b"]), {HOME: 1, "gpu_b": 4})
+    assert placed.hosts == {"skipped": HOME, "w4a16": HOME}
+
+
+def test_a_contender_that_needs_more_slots_than_a_host_has_free_goes_where_they_are():
+    contenders = seats("tp2", slots=2)
+    free = {HOME: 1, "gpu_b": 1, "gpu_c": 2}
+    placed = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b", "gpu_c"]), free)
+    assert placed.hosts == {"tp2": "gpu_c"}
+
+
+def test_a_contender_that_fits_no_host_is_a_clear_error():
+    contenders = seats("baseline", "huge")
+    fits = {"baseline": [HOME], "huge": []}
+    with pytest.raises(ConfigError, match="contender huge fits no host of the fleet") as error:
+        place(contenders, HOME, fits, {HOME: 4})
+    assert "how to fix:" in error.value.one_line()
+
+
+def test_a_contender_that_fits_only_busy_hosts_elsewhere_is_queued_on_the_freest():
+    contenders = seats("w4a16")
+    placed = place(contenders, HOME, {"w4a16": ["gpu_c", "gpu_b"]}, {"gpu_b": 0, "gpu_c": 0})
+    assert placed.hosts == {"w4a16": "gpu_b"} and placed.queued == ["w4a16"]
+
+
+def test_the_same_fleet_gives_the_same_placement_whatever_the_order_of_its_keys():
+    contenders = [Seat(name="champion", role="champion"), *seats("baseline", "w4a16", "fp8")]
+    hosts = [HOME, "gpu_b", "gpu_c"]
+    free = {HOME: 1, "gpu_b": 1, "gpu_c": 1}
+    first = place(contenders, HOME, fits_all(contenders, hosts), free)
+    for order in itertools.permutations(hosts):
+        shuffled = {h: free[h] for h in order}
+        again = place(contenders, HOME, fits_all(contenders, list(order)), shuffled)
+        assert again == first
+    assert first.hosts == {
+        "champion": HOME,
+        "baseline": "gpu_b",
+        "w4a16": "gpu_c",
+        "fp8": HOME,  # queued: every host it fits is full
+    }
+    assert first.queued == ["fp8"]
