@@ -164,7 +164,9 @@ def active_slots() -> int:
 
 def test_two_runs_share_one_host_slot(control):
     """Two runs started together: the second waits until the first releases the slot."""
-    first, second = holder(control, "a", 3), holder(control, "b", 3)
+    # each holds it 10 s: long enough for the later one to have started and be waiting on a
+    # loaded 2-core CI host (CI65: with 3 s it was still starting when the slot came free)
+    first, second = holder(control, "a", 10), holder(control, "b", 10)
     out = {name: p.communicate(timeout=120)[0] for name, p in (("a", first), ("b", second))}
     assert first.returncode == 0 and second.returncode == 0, out
     t = marks(out["a"]) | marks(out["b"])
