@@ -29,6 +29,16 @@ and the ratios are printed once both the tuner and the exhaustive sweep are in i
 
 (``--extra-args '--load-format dummy'`` for a config-only folder needs the operator's
 ``LLM_RELEASE_ALLOW_SERVING_FLAGS=--load-format``, as any release would.)
+
+The serving levers of issue 38 are dimensions too: ``--prefix-caching on,off`` and
+``--speculation none,ngram:3:4`` (``ngram:K[:LOOKUP_MAX]`` or ``mtp:K``), measured under
+traffic that shares a prefix (``--shared-prefix TOKENS:SHARE:DISTINCT``, GuideLLM's
+prefix buckets) or under an eval set's own prompts (``--prompts-from manufacturing_kb``).
+Every trial's levels are printed (TTFT and ITL p95, output tok/s, the prefix-cache hit rate
+vLLM counted) with the greedy-answer check of each setting with speculation:
+
+    python bench/tune_goodput.py --seqs 256 --prefix-caching on,off \
+        --shared-prefix 1024:0.9:4 --strategies exhaustive --output OUT.json
 """
 
 from __future__ import annotations
@@ -47,7 +57,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from tabulate import tabulate  # noqa: E402
 
 from llm_release import paths  # noqa: E402
-from llm_release.config import Gates, LoadProfile, ServingConfig, TuneConfig  # noqa: E402
+from llm_release.config import (  # noqa: E402
+    Gates,
+    LoadProfile,
+    ServingConfig,
+    SharedPrefix,
+    Speculation,
+    TuneConfig,
+)
 from llm_release.fileio import atomic_write_text  # noqa: E402
 from llm_release.hardware import detect  # noqa: E402
 from llm_release.serving.serve import VllmServer  # noqa: E402
@@ -71,6 +88,51 @@ def _ints(text: str) -> list[int | None]:
     return [None if v == "default" else int(v) for v in text.split(",") if v]
 
 
+def _switches(text: str) -> list[bool]:
+    """'on,off' -> [True, False]."""
+    known = {"on": True, "off": False}
+    values = [v for v in text.split(",") if v]
+    bad = [v for v in values if v not in known]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"say on and/or off, not {text!r}")
+    return [known[v] for v in values]
+
+
+def _speculations(text: str) -> list[Speculation | None]:
+    """'none,ngram:3:4,mtp:1' -> [None, ngram 3 tokens lookup ≤ 4, mtp 1 token]."""
+    out: list[Speculation | None] = []
+    for item in (v for v in text.split(",") if v):
+        if item == "none":
+            out.append(None)
+            continue
+        method, *numbers = item.split(":")
+        try:
+            fields = {"method": method, "num_speculative_tokens": int(numbers[0])}
+            if len(numbers) > 1:
+                fields["prompt_lookup_max"] = int(numbers[1])
+            if len(numbers) > 2:
+                raise ValueError("too many numbers")
+            out.append(Speculation(**fields))
+        except (IndexError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: write none, ngram:K[:LOOKUP_MAX] or mtp:K ({exc})"
+            ) from None
+    return out
+
+
+def _shared_prefix(text: str) -> SharedPrefix | None:
+    """'1024:0.9:4' -> 1,024 tokens on 90% of the requests, 4 different prefixes."""
+    if not text:
+        return None
+    try:
+        tokens, share, distinct = text.split(":")
+        return SharedPrefix(tokens=int(tokens), share=float(share), distinct=int(distinct))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"write TOKENS:SHARE:DISTINCT, not {text!r} ({exc})"
+        ) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument(
@@ -89,6 +151,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu", action="store_true", help="compiled GPU servers (not eager)")
     parser.add_argument(
         "--extra-args", default="", help="more vLLM flags, e.g. '--load-format dummy'"
+    )
+    parser.add_argument(
+        "--prefix-caching", type=_switches, default=[True], help="on, off or on,off"
+    )
+    parser.add_argument(
+        "--speculation",
+        type=_speculations,
+        default=[None],
+        help="none (always tried), ngram:K[:LOOKUP_MAX], mtp:K; comma-separated",
+    )
+    parser.add_argument(
+        "--shared-prefix",
+        type=_shared_prefix,
+        default=None,
+        help="TOKENS:SHARE:DISTINCT: synthetic prompts behind shared prefixes",
+    )
+    parser.add_argument(
+        "--prompts-from", default=None, help="an eval set whose items' prompts are sent"
     )
     parser.add_argument("--strategies", default="coordinate,exhaustive")
     parser.add_argument(
@@ -122,6 +202,8 @@ def setup(args: argparse.Namespace, host) -> tuple[ServingConfig, LoadProfile, G
         requests_per_level=args.requests,
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
+        shared_prefix=args.shared_prefix,
+        prompts_from=args.prompts_from,
     )
     return serving, load, Gates(ttft_p95_slo_s=args.ttft_slo_s)
 
@@ -143,6 +225,9 @@ def tune_config(args: argparse.Namespace, strategy: str) -> TuneConfig:
         max_num_seqs=grid["max_num_seqs"],
         max_num_batched_tokens=grid["max_num_batched_tokens"],
         gpu_memory_utilization=grid["gmu"],
+        enable_prefix_caching=[True] if strategy == "defaults" else args.prefix_caching,
+        # none is always tried (the serving settings' own speculation, none here)
+        speculation=[] if strategy == "defaults" else [v for v in args.speculation if v],
         itl_p95_slo_ms=args.itl_slo_ms,
         max_settings=20,
     )
@@ -171,6 +256,35 @@ def ratios(runs: dict) -> dict:
     }
 
 
+def trial_rows(result: dict) -> list[tuple]:
+    """One row a measured level of every trial (a results file's ``result``)."""
+    rows = []
+    for trial in result["trials"]:
+        s = trial["setting"]
+        label = (
+            f"seqs={s['max_num_seqs']} prefix={'on' if s['enable_prefix_caching'] else 'off'}"
+            + (f" spec={Speculation(**s['speculation']).label()}" if s["speculation"] else "")
+            + (" (again)" if trial["again"] else "")
+        )
+        for level in trial["levels"]:
+            hit = level.get("prefix_cache_hit_rate")
+            rows.append(
+                (
+                    label,
+                    level["concurrency"],
+                    level["ttft_p95_ms"],
+                    level["itl_p95_ms"],
+                    level["output_tokens_per_s"],
+                    "—" if hit is None else f"{hit:.0%}",
+                    trial["goodput"],
+                    trial["answers_changed"] or ("same" if s["speculation"] else ""),
+                )
+            )
+        if trial["error"]:
+            rows.append((label, "—", "", "", "", "", 0, trial["error"]))
+    return rows
+
+
 def main() -> None:
     args = parse_args()
     if args.model_dir is None:
@@ -183,9 +297,11 @@ def main() -> None:
     os.environ.setdefault("LLM_RELEASE_HOME", tempfile.mkdtemp(prefix="llmr-tb-", dir="/tmp"))
     host = detect()
     serving, load, gates = setup(args, host)
-    out = Path(os.environ["LLM_RELEASE_HOME"]) / "bench-tune"
     slug = re.sub(r"[^a-z0-9]+", "-", f"{host.cpu.model_name} {host.cpu.isa}".lower()).strip("-")
     output = args.output or RESULTS / f"tune_goodput-{slug}.json"
+    # servers' logs beside those of the same results file only (two runs with different
+    # levers under one home would otherwise share setting folders)
+    out = Path(os.environ["LLM_RELEASE_HOME"]) / "bench-tune" / output.stem
     # a results file of this bench accumulates the strategies of separate calls
     payload = json.loads(output.read_text()) if output.exists() else {"runs": {}}
     # Warm-up, not timed: the first vLLM start after other work reads the runtime from a
@@ -229,12 +345,36 @@ def main() -> None:
             "serving": serving.model_dump(mode="json"),
             "load": load.model_dump(mode="json"),
             "slo": result.slo.model_dump(mode="json"),
-            "grid": {"max_num_seqs": args.seqs, "batched": args.batched, "gmu": args.gmu},
+            "grid": {
+                "max_num_seqs": args.seqs,
+                "batched": args.batched,
+                "gmu": args.gmu,
+                "prefix_caching": args.prefix_caching,
+                "speculation": [v.label() if v else "none" for v in args.speculation],
+            },
             "runs": runs,
             "date": time.strftime("%Y-%m-%d"),
         }
         payload |= ratios(runs)
         atomic_write_text(output, json.dumps(payload, indent=2, default=str) + "\n")
+    for name, run in runs.items():
+        print(f"\n{name}: every measured level")
+        print(
+            tabulate(
+                trial_rows(run["result"]),
+                headers=[
+                    "setting",
+                    "streams",
+                    "TTFT p95 ms",
+                    "ITL p95 ms",
+                    "output tok/s",
+                    "prefix hits",
+                    "goodput",
+                    "greedy answers",
+                ],
+                floatfmt=".1f",
+            )
+        )
     table = [
         (
             name,

@@ -117,3 +117,89 @@ def test_the_tuners_choice_is_started_again_only_when_the_search_raced_it(monkey
         "itl_p95_ms": 20.0,
         "errors": 0,
     }
+
+
+def test_the_tune_benchs_lever_flags_reach_the_grid_and_the_load(monkeypatch):
+    bench = _load("tune_goodput", monkeypatch)
+    args = bench.parse_args(
+        [
+            "--prefix-caching",
+            "on,off",
+            "--speculation",
+            "none,ngram:3:4,mtp:1",
+            "--shared-prefix",
+            "1024:0.9:4",
+        ]
+    )
+    tune = bench.tune_config(args, "exhaustive")
+    assert sorted(tune.enable_prefix_caching) == [False, True]
+    labels = [s.label() for s in tune.speculation if s]
+    assert labels == ["ngram:3/4", "mtp:1"]
+    serving, load, _ = bench.setup(args, bench.detect())
+    assert load.shared_prefix.tokens == 1024 and load.shared_prefix.distinct == 4
+    # vLLM's defaults stay one point: caching on, no speculation
+    defaults = bench.tune_config(args, "defaults")
+    assert defaults.enable_prefix_caching == [True]
+    assert not [s for s in defaults.speculation if s]
+
+
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--speculation", "ngram:x"),
+        ("--speculation", "eagle:2"),
+        ("--speculation", "ngram:3:4:5"),
+        ("--prefix-caching", "maybe"),
+        ("--shared-prefix", "1024:0.9"),
+        ("--shared-prefix", "1024:2:4"),
+    ],
+)
+def test_the_tune_bench_refuses_a_malformed_lever_in_one_line(monkeypatch, capsys, flag, value):
+    bench = _load("tune_goodput", monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        bench.parse_args([flag, value])
+    assert exit_.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_the_tune_bench_prints_each_trials_levels_with_hits_and_the_answer_check(monkeypatch):
+    bench = _load("tune_goodput", monkeypatch)
+    level = {
+        "concurrency": 10,
+        "ttft_p95_ms": 40.0,
+        "itl_p95_ms": 9.0,
+        "output_tokens_per_s": 800.0,
+        "prefix_cache_hit_rate": 0.62,
+    }
+    result = {
+        "trials": [
+            {
+                "setting": {
+                    "max_num_seqs": 256,
+                    "enable_prefix_caching": True,
+                    "speculation": None,
+                },
+                "levels": [level],
+                "goodput": 10,
+                "again": False,
+                "answers_changed": None,
+                "error": None,
+            },
+            {
+                "setting": {
+                    "max_num_seqs": 256,
+                    "enable_prefix_caching": False,
+                    "speculation": {"method": "ngram", "num_speculative_tokens": 3},
+                },
+                "levels": [level | {"prefix_cache_hit_rate": None}],
+                "goodput": 10,
+                "again": False,
+                "answers_changed": "2 of 6 greedy answers differ",
+                "error": None,
+            },
+        ]
+    }
+    rows = bench.trial_rows(result)
+    assert rows[0][0] == "seqs=256 prefix=on" and rows[0][5] == "62%" and rows[0][7] == ""
+    assert rows[1][0] == "seqs=256 prefix=off spec=ngram:3" and rows[1][5] == "—"
+    assert rows[1][7] == "2 of 6 greedy answers differ"
