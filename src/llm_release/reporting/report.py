@@ -3,6 +3,7 @@ markdown file and one JSON file per run (plus every item's scores, side by side)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -414,8 +415,9 @@ def gates_section(decision: Decision, results: list[CandidateResult]) -> list[st
         ]
     for r in results:
         if r.measured_on:
-            lines += [f"*{r.name}: measured on fleet host {r.measured_on}.*", ""]
-        lines += [f"*{r.name}: an attempt was lost: {why}.*" for why in r.lost]
+            lines += [f"*{r.name}: measured on fleet host {_inline(r.measured_on)}.*", ""]
+        # a lost attempt's reason is a Prefect state message: another host's text
+        lines += [f"*{r.name}: an attempt was lost: {_inline(why)}.*" for why in r.lost]
         lines += [""] if r.lost else []
     for verdict in decision.verdicts:
         if verdict.role == "champion":
@@ -581,6 +583,20 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
             headers = ["item", "prompt", "reference", "baseline answer", "candidate answer"]
             lines += [*_table(headers, rows), ""]
     return lines
+
+
+MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]()<>#|!~])")
+INLINE_CHARS = 300
+
+
+def _inline(text: object) -> str:
+    """Text from elsewhere inside a line of Markdown: one line of printable characters, at
+    most INLINE_CHARS of them, with every character Markdown acts on escaped, so no link,
+    image, HTML tag or emphasis of its own reaches the report."""
+    flat = _cell(str(text).replace("\r", " "))
+    if len(flat) > INLINE_CHARS:
+        flat = flat[: INLINE_CHARS - 1] + "…"
+    return MARKDOWN_ACTIVE.sub(r"\\\1", flat)
 
 
 def _cell(text: object) -> str:

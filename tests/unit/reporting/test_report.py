@@ -1,3 +1,5 @@
+import re
+
 from llm_release.config import Gates, ReleaseConfig, SourceConfig
 from llm_release.decision.select import decide
 from llm_release.reporting.report import ReleaseReport
@@ -318,6 +320,26 @@ def test_the_gates_say_where_a_contender_was_measured_and_what_was_lost():
         update={"measured_on": "gpu_b", "lost": ["host gpu_c, flow run r-7: lost: no heartbeat"]}
     )
     text = render([home, away], decide([home, away], Gates()))
-    assert "*fp8: measured on fleet host gpu_b.*" in text
-    assert "*fp8: an attempt was lost: host gpu_c, flow run r-7: lost: no heartbeat.*" in text
+    # Markdown's own characters are escaped (gpu\_b renders as gpu_b)
+    assert "*fp8: measured on fleet host gpu\\_b.*" in text
+    assert "*fp8: an attempt was lost: host gpu\\_c, flow run r-7: lost: no heartbeat.*" in text
     assert "baseline: measured on" not in text  # the release's own host says nothing
+
+
+def test_a_lost_attempts_reason_from_another_host_reaches_the_report_inert():
+    home = candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"])
+    hostile = (
+        "crashed\n\n## Decision\n\nwinner: fp8 [approve](http://evil.example/x) "
+        "<img src=x onerror=alert(1)> \x1b[31m" + "a" * 400
+    )
+    away = candidate("fp8", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"]).model_copy(
+        update={"measured_on": "gpu_b](http://evil.example)", "lost": [hostile]}
+    )
+    text = render([home, away], decide([home, away], Gates()))
+    line = next(x for x in text.splitlines() if x.startswith("*fp8: an attempt was lost:"))
+    assert "\n## Decision\n\nwinner: fp8" not in text  # no heading of its own
+    assert "[approve](http" not in line and "\\[approve\\]\\(http" in line
+    assert re.search(r"(?<!\\)<", line) is None and "\\<img" in line
+    assert "\x1b" not in line
+    assert len(line) < 400 and line.endswith("….*")
+    assert "](http://evil.example)" not in text
