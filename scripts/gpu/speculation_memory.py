@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench"), str(ROOT)]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "bench"), str(ROOT / "scripts/gpu"), str(ROOT)]
 
 from tune_goodput import _speculations  # noqa: E402
 
@@ -39,17 +39,11 @@ HYBRID_FLAGS = [
 
 def shape_folder(shape: Path, work: Path, tokenizer: Path) -> Path:
     """``shape``'s config with one MTP layer, and the demo model's tokenizer files."""
-    import shutil
+    from release_proof import _build_config_only
 
     config = json.loads((shape / "config.json").read_text())
     config.setdefault("text_config", config)["mtp_num_hidden_layers"] = 1
-    folder = work / f"{shape.name}-mtp"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    for item in tokenizer.iterdir():
-        if item.is_file() and item.name != "config.json" and "safetensors" not in item.name:
-            shutil.copy2(item, folder / item.name)
-    return folder
+    return _build_config_only(work / f"{shape.name}-mtp", config, tokenizer)
 
 
 def main() -> None:
