@@ -305,7 +305,7 @@ def plan_for_dir(
     weights = (
         planner.served_weights(files.tensors, files.config, request)
         if files.tensors
-        else planner.estimate_weights(arch, "bf16")
+        else planner.estimate_weights(arch, "bf16", with_mtp=request.speculative_mtp)
     )
     return planner.plan(arch, weights, request)
 

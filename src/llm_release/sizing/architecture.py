@@ -123,6 +123,13 @@ class ModelArch(Record):
     mla: MlaDims | None = None
     linear: LinearAttnDims | None = None
     moe: MoeDims | None = None
+    mtp_layers: int = Field(
+        0,
+        ge=0,
+        description="multi-token-prediction layers the checkpoint carries (Qwen3-Next / "
+        "Qwen3.5 mtp_num_hidden_layers, DeepSeek-V3 num_nextn_predict_layers): loaded, with "
+        "their attention's KV, only under MTP speculation",
+    )
     unmodelled: list[str] = Field(
         default_factory=list,
         description="what of this config the planner does not model, and how it plans it "
@@ -159,6 +166,7 @@ MAX_CONFIG_BYTES = 4 << 20
 MAX_CONFIG_DEPTH = 32
 CONFIG_LIMITS: dict[str, int] = {
     **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers"), MAX_LAYERS),
+    **dict.fromkeys(("mtp_num_hidden_layers", "num_nextn_predict_layers"), MAX_LAYERS),
     **dict.fromkeys(("hidden_size", "n_embd", "d_model"), MAX_HIDDEN),
     **dict.fromkeys(("num_attention_heads", "n_head"), MAX_HEADS),
     **dict.fromkeys(("num_key_value_heads", "num_kv_heads"), MAX_HEADS),
@@ -453,6 +461,7 @@ def parse_config(config: dict) -> ModelArch:
         mla=mla,
         linear=linear,
         moe=moe,
+        mtp_layers=_int(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0) or 0,
         unmodelled=unmodelled,
     )
 

@@ -42,7 +42,7 @@ from llm_release.sizing.cudagraphs import (  # noqa: F401 (re-exported: the batc
     vllm_default_max_num_seqs,
 )
 from llm_release.sizing.kv import Runtime, kv_layout
-from llm_release.sizing.planner import CapacityPlan, request_overhead_bytes
+from llm_release.sizing.planner import CapacityPlan, request_overhead_bytes, request_runtime
 
 
 class BatchChoice(Record):
@@ -78,16 +78,7 @@ def choose_max_num_seqs(plan: CapacityPlan, workload_tokens: int, cap: int) -> B
     """The batch size for ``plan`` (its first option: the GPU count the server starts with)."""
     request = plan.request
     option = plan.options[0]
-    runtime = Runtime(
-        device=request.device,
-        tensor_parallel_size=option.tensor_parallel_size,
-        kv_cache_dtype=request.kv_cache_dtype,
-        block_size=request.block_size,
-        max_num_batched_tokens=request.max_num_batched_tokens,
-        enable_prefix_caching=request.enable_prefix_caching,
-        gpu_memory_gib=request.gpu_memory_gib,
-        async_scheduling=request.async_scheduling,
-    )
+    runtime = request_runtime(plan.arch, request, option.tensor_parallel_size)
     length = max(1, min(workload_tokens, plan.max_model_len))
     full = kv_layout(plan.arch, runtime, plan.max_model_len)
     work = kv_layout(plan.arch, runtime, length)

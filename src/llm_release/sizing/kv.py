@@ -34,6 +34,20 @@ class Runtime(Record):
         description="vLLM's scheduler overlapping two steps (None: its default, on for a "
         "GPU and off on a CPU, as vLLM 0.32 decides it for the models planned here)",
     )
+    speculative_tokens: int = Field(
+        0,
+        ge=0,
+        description="tokens drafted a step (any speculation method): each linear-attention "
+        "layer keeps one more state block a request per drafted token (vLLM's "
+        "MambaSpec.num_speculative_blocks)",
+    )
+    drafter_attention_layers: int = Field(
+        0,
+        ge=0,
+        description="attention layers of an MTP drafter: their KV sits beside the model's "
+        "full-attention layers, with the same page (vLLM registers the drafter's layers "
+        "in the same KV-cache spec)",
+    )
 
 
 def kv_dtype_bytes(arch: ModelArch, runtime: Runtime) -> int:
@@ -156,6 +170,13 @@ def kv_layout(arch: ModelArch, runtime: Runtime, max_model_len: int) -> KvLayout
             block = needed
     page = block * per_tok
     counts = {k: arch.count(k) for k in ("full", "sliding", "linear") if arch.count(k)}
+    if runtime.drafter_attention_layers:
+        # an MTP layer's attention is the model's own full attention (MLA for DeepSeek)
+        counts["full"] = counts.get("full", 0) + runtime.drafter_attention_layers
+        notes.append(
+            f"{runtime.drafter_attention_layers} MTP drafter attention layer(s) in the KV "
+            "cache beside the model's full-attention layers"
+        )
     # kv_cache_utils._get_kv_cache_groups_uniform_page_size: group size is the smallest
     # kind's layer count, unless the largest is < 1.5× it (then the largest).
     if len(counts) == 1:
@@ -177,13 +198,20 @@ def kv_layout(arch: ModelArch, runtime: Runtime, max_model_len: int) -> KvLayout
             tokens = min(arch.sliding_window - 1 + in_flight, max_model_len)
             need = math.ceil(tokens / block) + 1
         else:
-            need = 2 if runtime.enable_prefix_caching else 1  # mamba_cache_mode align / none
+            # mamba_cache_mode align / none, and one more state a drafted token
+            # (kv_cache_interface.MambaSpec.max_memory_usage_bytes)
+            need = (2 if runtime.enable_prefix_caching else 1) + runtime.speculative_tokens
         if kind == "sliding" and tokens < max_model_len:
             notes.append(
                 f"sliding-window layers hold {tokens:,} tokens a request: the window "
                 f"({arch.sliding_window:,}) − 1 + {in_flight:,} in flight "
                 f"({in_flight // default_batched_tokens(runtime)} batch(es) of "
                 f"max_num_batched_tokens, as vLLM 0.32 reserves them)"
+            )
+        if kind == "linear" and runtime.speculative_tokens:
+            notes.append(
+                f"speculative decoding: each linear-attention group keeps {need} state "
+                f"blocks a request ({runtime.speculative_tokens} for the drafted tokens)"
             )
         for _ in range(math.ceil(n / group_size)):
             groups.append(KvGroup(kind=kind, layers=n, blocks_per_request=need))

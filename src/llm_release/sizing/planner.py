@@ -79,7 +79,12 @@ class PlanRequest(Record):
         False, description="vLLM --language-model-only: a multimodal model's tower not loaded"
     )
     speculative_mtp: bool = Field(
-        False, description="speculative decoding by the model's MTP layers: they are loaded"
+        False,
+        description="speculative decoding by the model's MTP layers: they are loaded, and "
+        "their attention holds KV beside the model's",
+    )
+    speculative_tokens: int = Field(
+        0, ge=0, le=16, description="tokens drafted a step by any speculation method (0: none)"
     )
     vllm_version: str | None = Field(
         None,
@@ -424,11 +429,12 @@ def request_for_serving(
         # vLLM turns asynchronous scheduling off for ngram speculation (vllm/config/vllm.py)
         if speculation.method == "ngram" and asynchronous is None:
             asynchronous = False
-        unmodelled.append(
-            f"speculative decoding {speculation.label()} (the drafted tokens' KV slots"
-            + (" and the MTP head's weights and KV" if speculation.method == "mtp" else "")
-            + ")"
-        )
+        if not eager:
+            # cudagraphs.py captures decode batches of one query token only
+            unmodelled.append(
+                f"speculative decoding {speculation.label()}'s CUDA graphs (decode batches "
+                f"of {1 + speculation.num_speculative_tokens} query tokens)"
+            )
     try:
         return PlanRequest(
             device=device,
@@ -448,6 +454,7 @@ def request_for_serving(
             enforce_eager=eager,
             language_model_only="--language-model-only" in args,
             speculative_mtp=speculation is not None and speculation.method == "mtp",
+            speculative_tokens=speculation.num_speculative_tokens if speculation else 0,
             unmodelled=unmodelled,
             block_size=int(block) if block else None,
             async_scheduling=asynchronous,
@@ -541,6 +548,22 @@ def _graph_notes(arch: ModelArch, request: PlanRequest, graphs: CudaGraphs) -> l
     return notes
 
 
+def request_runtime(arch: ModelArch, request: PlanRequest, tp: int) -> Runtime:
+    """The settings of ``request`` that change the KV arithmetic, at ``tp`` GPUs."""
+    return Runtime(
+        device=request.device,
+        tensor_parallel_size=tp,
+        kv_cache_dtype=request.kv_cache_dtype,
+        block_size=request.block_size,
+        max_num_batched_tokens=request.max_num_batched_tokens,
+        enable_prefix_caching=request.enable_prefix_caching,
+        gpu_memory_gib=request.gpu_memory_gib,
+        async_scheduling=request.async_scheduling,
+        speculative_tokens=request.speculative_tokens,
+        drafter_attention_layers=arch.mtp_layers if request.speculative_mtp else 0,
+    )
+
+
 def plan(
     arch: ModelArch, weights: WeightBytes, request: PlanRequest, model: str = "model"
 ) -> CapacityPlan:
@@ -568,16 +591,7 @@ def plan(
     options: list[TpOption] = []
     tried: list[tuple[TpOption, Runtime, int, bool]] = []
     for tp in counts:
-        runtime = Runtime(
-            device=request.device,
-            tensor_parallel_size=tp,
-            kv_cache_dtype=request.kv_cache_dtype,
-            block_size=request.block_size,
-            max_num_batched_tokens=request.max_num_batched_tokens,
-            enable_prefix_caching=request.enable_prefix_caching,
-            gpu_memory_gib=request.gpu_memory_gib,
-            async_scheduling=request.async_scheduling,
-        )
+        runtime = request_runtime(arch, request, tp)
         layout = kv_layout(arch, runtime, max_len)
         reasons: list[str] = [too_long] if too_long else []
         problem = _tp_problem(arch, tp)

@@ -273,10 +273,9 @@ class ParamCounts(Record):
         return self.attention + self.linear_attention + self.mlp + self.experts
 
 
-def estimate_params(arch: ModelArch) -> ParamCounts:
-    """Parameter counts by role for the architectures the planner knows (an estimate)."""
-    h, v = arch.hidden_size, arch.vocab_size
-    full = arch.count("full") + arch.count("sliding")
+def attention_layer_params(arch: ModelArch) -> int:
+    """One full-attention layer's projections (MLA's low-rank ones for DeepSeek)."""
+    h = arch.hidden_size
     nh, nkv, hd = arch.num_attention_heads, arch.num_kv_heads, arch.head_dim
     if arch.mla:
         m = arch.mla
@@ -285,11 +284,32 @@ def estimate_params(arch: ModelArch) -> ParamCounts:
         kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * nh * (
             m.qk_nope_head_dim + m.v_head_dim
         )
-        attn_layer = q + kv + nh * m.v_head_dim * h
+        return q + kv + nh * m.v_head_dim * h
+    # q (twice as wide with Qwen3.5's output gate), k, v, o
+    gate = 2 if arch.linear and arch.linear.kind == "gated_deltanet" else 1
+    return h * nh * hd * gate + 2 * h * nkv * hd + nh * hd * h
+
+
+def mtp_params(arch: ModelArch) -> int:
+    """The multi-token-prediction layers vLLM loads for MTP speculation: each a decoder
+    layer (full attention, the model's MoE or MLP), the projection of [embedding; hidden]
+    back to hidden and its norms. The drafter shares the model's embedding and lm_head
+    (vLLM's proposer takes the target's), so neither is counted again."""
+    h = arch.hidden_size
+    if arch.moe:
+        moe = arch.moe
+        mlp = moe.num_experts * 3 * h * moe.moe_intermediate_size
+        mlp += 3 * h * moe.shared_intermediate_size + h * moe.num_experts
     else:
-        # q (twice as wide with Qwen3.5's output gate), k, v, o
-        gate = 2 if arch.linear and arch.linear.kind == "gated_deltanet" else 1
-        attn_layer = h * nh * hd * gate + 2 * h * nkv * hd + nh * hd * h
+        mlp = 3 * h * arch.intermediate_size
+    return arch.mtp_layers * (attention_layer_params(arch) + mlp + 2 * h * h + 5 * h)
+
+
+def estimate_params(arch: ModelArch) -> ParamCounts:
+    """Parameter counts by role for the architectures the planner knows (an estimate)."""
+    h, v = arch.hidden_size, arch.vocab_size
+    full = arch.count("full") + arch.count("sliding")
+    attn_layer = attention_layer_params(arch)
     lin_layer = 0
     if arch.linear and arch.linear.kind != "gated_deltanet":
         lin = arch.linear
@@ -338,10 +358,13 @@ def estimate_params(arch: ModelArch) -> ParamCounts:
     )
 
 
-def estimate_weights(arch: ModelArch, scheme: WeightScheme, group_size: int = 128) -> WeightBytes:
+def estimate_weights(
+    arch: ModelArch, scheme: WeightScheme, group_size: int = 128, *, with_mtp: bool = False
+) -> WeightBytes:
     """Weight bytes for a scheme from parameter counts: bf16 everywhere, or the linear
     layers at 1 byte (FP8, per-channel scales ignored: < 0.1%) or 4 bits plus one bf16
-    scale per ``group_size`` weights (W4A16); embeddings, lm_head, router and norms bf16."""
+    scale per ``group_size`` weights (W4A16); embeddings, lm_head, router and norms bf16.
+    ``with_mtp``: the MTP layers too (MTP speculation loads them), in bf16."""
     p = estimate_params(arch)
     rest = p.total - p.quantizable
     if scheme == "bf16":
@@ -350,6 +373,8 @@ def estimate_weights(arch: ModelArch, scheme: WeightScheme, group_size: int = 12
         by = {"BF16": rest * 2, "F8_E4M3": p.quantizable}
     else:
         by = {"BF16": rest * 2 + p.quantizable * 2 // group_size, "I4": p.quantizable // 2}
+    if with_mtp and arch.mtp_layers:
+        by["BF16"] += mtp_params(arch) * 2
     return WeightBytes(
         source="estimate",
         scheme=scheme,
