@@ -106,15 +106,14 @@ def hosts() -> list[HostView]:
     """Every host of the fleet: the pool's host queues, each with its card and its worker."""
     from prefect.client.orchestration import get_client
 
-    from tasks.fleet import card_of, host_queues
-    from tasks.slots import limit_name
+    from tasks.fleet import card_of, host_limits, host_queues
 
     names = host_queues()
     if not names:
         return []
     with get_client(sync_client=True) as client:
         workers = {w.name: w for w in client.read_workers_for_work_pool(POOL)}
-        limits = {g.name: g.limit for g in client.read_global_concurrency_limits(limit=200)}
+        limits = host_limits(client, names)
     views = []
     for name in names:
         card = card_of(name)  # a variable anyone with the API can edit: None if invalid
@@ -125,7 +124,7 @@ def hosts() -> list[HostView]:
                 queue=QUEUE_PREFIX + name,
                 gpus=len(card.gpus) if card else 0,
                 gpu_memory_gib=sorted({g.memory_gib for g in card.gpus}) if card else [],
-                slots=limits.get(limit_name(name)),
+                slots=limits[name].limit if limits[name] is not None else None,
                 worker=worker.status.value if worker else "none",
                 last_heartbeat=worker.last_heartbeat_time if worker else None,
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
@@ -60,6 +61,20 @@ def release_fleet() -> list[HostCard]:
     return [card for card in cards if card is not None]
 
 
+def host_limits(client, hosts: Sequence[str]) -> dict[str, Any]:
+    """Each host's slot limit (Prefect's global concurrency limit ``limit_name(host)``), read
+    by name: a list of every limit on the server would be one page of it. None: no limit."""
+    from prefect.exceptions import ObjectNotFound
+
+    found: dict[str, Any] = {}
+    for name in hosts:
+        try:
+            found[name] = client.read_global_concurrency_limit_by_name(limit_name(name))
+        except ObjectNotFound:
+            found[name] = None
+    return found
+
+
 def free_slots(home: str, others: Sequence[str]) -> dict[str, int]:
     """Each host's free slots now: its Prefect limit (``tasks/slots.limit_name``) less the
     slots held. 0 for a host whose limit is missing (its runs would fail on it), and for a
@@ -67,16 +82,17 @@ def free_slots(home: str, others: Sequence[str]) -> dict[str, int]:
     nobody polls. Home's own runs need no worker (this process measures them)."""
     from prefect.client.orchestration import get_client
 
+    hosts = [home, *others]
     with get_client(sync_client=True) as client:
         online = {
             w.name
             for w in client.read_workers_for_work_pool(POOL)
             if w.status is not None and w.status.value == "ONLINE"
         }
-        limits = {g.name: g for g in client.read_global_concurrency_limits(limit=200)}
+        limits = host_limits(client, hosts)
     free = {}
-    for name in [home, *others]:
-        limit = limits.get(limit_name(name))
+    for name in hosts:
+        limit = limits[name]
         left = limit.limit - limit.active_slots if limit is not None else 0
         free[name] = max(0, left) if name == home or name in online else 0
     return free

@@ -88,10 +88,13 @@ class _Client:
         assert pool == "llm-release"
         return [SimpleNamespace(name=n, status=SimpleNamespace(value=s)) for n, s in self.workers]
 
-    def read_global_concurrency_limits(self, limit):
-        return [
-            SimpleNamespace(name=n, limit=cap, active_slots=held) for n, cap, held in self.limits
-        ]
+    def read_global_concurrency_limit_by_name(self, name):
+        from prefect.exceptions import ObjectNotFound
+
+        for n, cap, held in self.limits:
+            if n == name:
+                return SimpleNamespace(name=n, limit=cap, active_slots=held)
+        raise ObjectNotFound(http_exc=Exception(f"no limit {name}"))
 
 
 def test_free_slots_are_each_hosts_limit_less_what_is_held(monkeypatch):
