@@ -550,16 +550,10 @@ def _graph_notes(arch: ModelArch, request: PlanRequest, graphs: CudaGraphs) -> l
 
 def request_runtime(arch: ModelArch, request: PlanRequest, tp: int) -> Runtime:
     """The settings of ``request`` that change the KV arithmetic, at ``tp`` GPUs."""
+    same = set(Runtime.model_fields) & set(PlanRequest.model_fields)  # one name, one meaning
     return Runtime(
-        device=request.device,
+        **request.model_dump(include=same),
         tensor_parallel_size=tp,
-        kv_cache_dtype=request.kv_cache_dtype,
-        block_size=request.block_size,
-        max_num_batched_tokens=request.max_num_batched_tokens,
-        enable_prefix_caching=request.enable_prefix_caching,
-        gpu_memory_gib=request.gpu_memory_gib,
-        async_scheduling=request.async_scheduling,
-        speculative_tokens=request.speculative_tokens,
         drafter_attention_layers=arch.mtp_layers if request.speculative_mtp else 0,
     )
 
