@@ -52,13 +52,12 @@ def test_profiles_and_their_files_agree():
     assert PROFILES["cpu_demo"] == FILES["demo"]
     assert PROFILES["gpu_demo"] == FILES["demo-gpu"]
     # The GPU demo is the gpu_host sizing at a third of a GPU (stable, canary and a measured
-    # candidate share one), served eager with fewer requests a level (its model is 135M: the
-    # demo's GPU time is vLLM starts), with the demo's approvals and canary walk.
+    # candidate share one), with CUDA graphs as gpu_host and fewer requests a level (its
+    # model is 135M), with the demo's approvals and canary walk.
     gpu_demo = dict(FILES["demo-gpu"])
     assert gpu_demo.pop("review") == {"auto": "approve"} and gpu_demo.pop("rollout")
     assert gpu_demo.pop("serving") == PROFILES["gpu_host"]["serving"] | {
         "gpu_memory_utilization": 0.3,
-        "enforce_eager": True,
     }
     host_load = dict(PROFILES["gpu_host"]["load"])
     # a GPU host's traffic shares system prompts; the demo's small model sends none
