@@ -79,8 +79,9 @@ def seeds_load(requests: int):
     )
 
 
-def tune_config(seqs: str, batched: str, itl_slo_ms: float):
-    """The tuner's grid for ``tuned``: '256,1024' and 'default,16384' (default: vLLM's)."""
+def tune_config(seqs: str, batched: str, itl_slo_ms: float, max_settings: int = 6):
+    """The tuner's grid for ``tuned``: '256,1024' and 'default,16384' (default: vLLM's), at
+    most ``max_settings`` server starts."""
     from llm_release.config import TuneConfig
 
     return TuneConfig(
@@ -91,7 +92,7 @@ def tune_config(seqs: str, batched: str, itl_slo_ms: float):
             None if v == "default" else int(v) for v in batched.split(",") if v
         ],
         itl_p95_slo_ms=itl_slo_ms,
-        max_settings=6,
+        max_settings=max_settings,
     )
 
 
@@ -271,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jsonl", type=Path, required=True)
     parser.add_argument("--tune-seqs", default="100,256,1024", help="tuned: max_num_seqs grid")
     parser.add_argument("--tune-batched", default="default,16384", help="tuned: batched tokens")
+    parser.add_argument(
+        "--tune-max-settings", type=int, default=6, help="tuned: at most this many server starts"
+    )
     parser.add_argument("--ttft-slo-s", type=float, default=TTFT_SLO_S)
     parser.add_argument("--itl-slo-ms", type=float, default=ITL_SLO_MS)
     args = parser.parse_args(argv)
@@ -284,7 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_batch_default: no settings to run (an install trip)")
         return 0
     for setting in settings:
-        tune = tune_config(args.tune_seqs, args.tune_batched, args.itl_slo_ms)
+        tune = tune_config(
+            args.tune_seqs, args.tune_batched, args.itl_slo_ms, args.tune_max_settings
+        )
         row = run_setting(
             args.shape, setting, args.utilization, args.work, args.requests, tune, args.ttft_slo_s
         )

@@ -8,6 +8,9 @@
 #   DEMO_CMD='bash scripts/gpu/batch_bench.sh' bash scripts/gpu/device_demo.sh go 575
 #   bash scripts/gpu/device_demo.sh wait 580          (back to back, until it has ended)
 #
+# TUNE_SEQS, TUNE_BATCHED and TUNE_MAX pass the tuner's grid and its most server starts (the
+# bench's --tune-seqs, --tune-batched, --tune-max-settings): on one H100 the hybrid shape's
+# plan holds 238-242 state blocks, so the default grid's 256 and 1,024 do not fit there.
 # Per shape, vLLM's default first (it takes the shape's cold compile, which is in no ratio),
 # then the settings of SETTINGS_MOE / SETTINGS_HYBRID in order. Each row is appended to
 # $WORK/batch.jsonl as it ends and the file is printed after each shape, so a cut session
@@ -39,7 +42,9 @@ for shape in ${SHAPES:-moe-full hybrid}; do
   else settings=${SETTINGS_HYBRID:-vllm-default,tuned,project-default}; fi
   say "shape $shape: $settings"
   .venv/bin/python bench/gpu_batch_default.py --shape "$shape" --settings "$settings" \
-    --requests "${REQUESTS:-100}" --work "$WORK" --jsonl "$JSONL" || { rc=$?; say "$shape failed ($rc)"; }
+    --requests "${REQUESTS:-100}" --work "$WORK" --jsonl "$JSONL" \
+    ${TUNE_SEQS:+--tune-seqs "$TUNE_SEQS"} ${TUNE_BATCHED:+--tune-batched "$TUNE_BATCHED"} \
+    ${TUNE_MAX:+--tune-max-settings "$TUNE_MAX"} || { rc=$?; say "$shape failed ($rc)"; }
   say "rows so far:"; cat "$JSONL" 2>/dev/null
 done
 mkdir -p bench/results && cp "$JSONL" bench/results/gpu-batch-default.jsonl 2>/dev/null
