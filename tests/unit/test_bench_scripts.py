@@ -203,3 +203,21 @@ def test_the_tune_bench_prints_each_trials_levels_with_hits_and_the_answer_check
     assert rows[0][0] == "seqs=256 prefix=on" and rows[0][5] == "62%" and rows[0][7] == ""
     assert rows[1][0] == "seqs=256 prefix=off spec=ngram:3" and rows[1][5] == "—"
     assert rows[1][7] == "2 of 6 greedy answers differ"
+
+
+def test_the_demo_graphs_bench_compares_each_mode_with_the_first_and_refuses_an_unknown_one(
+    monkeypatch, capsys
+):
+    bench = _load("gpu_demo_graphs", monkeypatch)
+    rows = [
+        {"mode": "eager", "healthy": True, "start_s": 55, "total_s": 200.0},
+        {"mode": "graphs", "healthy": True, "start_s": 95, "total_s": 150.0},
+        {"mode": "graphs", "healthy": False, "error": "vLLM exited", "total_s": 30.0},
+    ]
+    lines = bench.summary(rows)
+    assert "total / eager" in lines[0]
+    assert "| 0.75x" in lines[3] and "| 1.00x" in lines[2], lines
+    assert "vLLM exited" in lines[4]
+    with pytest.raises(SystemExit):
+        bench.main(["--modes", "eager,compiled"])
+    assert "--modes: choose from eager, graphs" in capsys.readouterr().err
