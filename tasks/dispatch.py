@@ -230,8 +230,8 @@ def send_away(
 ) -> dict[str, PrefectFuture | State]:
     """Each contender placed on another host handed over through the fleet's hub (all at
     once), then sent to its host's queue (``measure_on_host``), with the other hosts it fits
-    to measure it on should its host be lost. One whose hand-over failed is a failed result
-    naming why; it is not sent."""
+    (home last) to measure it on should its host be lost. One whose hand-over failed is a
+    failed result naming why; it is not sent."""
     ordered = {c.name: OrderedContender.of(c) for c in contenders}  # held to the order's rules
     handovers = {
         c.name: hand_over_contender.submit(c, hub, run_id, acquired.repo_id, acquired.commit)

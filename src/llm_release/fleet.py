@@ -108,8 +108,9 @@ class Placement(BaseModel):
     )
     spare: dict[str, list[str]] = Field(
         default_factory=dict,
-        description="a contender sent away: the other hosts it fits (home aside), most free "
-        "slots first, to measure it on if its host is lost",
+        description="a contender sent away: the other hosts it fits, most free slots first, "
+        "then home when it fits there (through its own queue), to measure it on if its host "
+        "is lost",
     )
 
     def at_home(self, name: str) -> bool:
@@ -173,7 +174,11 @@ def place(
         left[where] = left.get(where, 0) - seat.slots
         if where != home:
             others = [h for h in fitting if h not in (where, home)]
-            spare[seat.name] = sorted(others, key=lambda h: (-left.get(h, 0), h))
+            # home last: in a fleet of two, the host that is left is home, and a lost
+            # contender that fits there is measured there rather than failed
+            spare[seat.name] = sorted(others, key=lambda h: (-left.get(h, 0), h)) + (
+                [home] if home in fitting else []
+            )
     return Placement(
         home=home,
         hosts={seat.name: hosts[seat.name] for seat in contenders},

@@ -39,9 +39,19 @@ def test_home_first_then_the_fitting_host_with_the_most_free_slots():
     assert placed.hosts == {"baseline": HOME, "w4a16": "gpu_c", "fp8": "gpu_c", "int8": "gpu_b"}
     assert placed.away() == {"w4a16": "gpu_c", "fp8": "gpu_c", "int8": "gpu_b"}
     assert placed.queued == []
-    # another host to measure it on should its own be lost: the other fitting ones, not home
-    assert placed.spare["w4a16"] == ["gpu_b", "gpu_d"]
-    assert HOME not in placed.spare["int8"]
+    # another host to measure it on should its own be lost: the other fitting ones, home last
+    assert placed.spare["w4a16"] == ["gpu_b", "gpu_d", HOME]
+    assert placed.spare["int8"] == ["gpu_c", "gpu_d", HOME]  # gpu_c has 1 left, gpu_d none
+
+
+def test_in_a_fleet_of_two_a_lost_contender_is_measured_again_at_home():
+    contenders = seats("baseline", "fp8")
+    placed = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b"]), {HOME: 1, "gpu_b": 1})
+    assert placed.hosts == {"baseline": HOME, "fp8": "gpu_b"}
+    assert placed.spare == {"fp8": [HOME]}
+    # home is no spare where the model does not fit it
+    placed = place(contenders, HOME, {"baseline": [HOME], "fp8": ["gpu_b"]}, {HOME: 1, "gpu_b": 1})
+    assert placed.spare == {"fp8": []}
 
 
 def test_ties_go_to_the_first_host_by_name():

@@ -167,7 +167,7 @@ def test_with_home_full_a_challenger_is_handed_over_and_sent_to_a_free_host(stag
     assert [(c[0].name, c[1]) for c in stage.handed.calls] == [("w4a16", hub)]
     assert stage.handed.calls[0][2:] == (RUN, "org/m", "c" * 40)
     ((order, host, spare),) = stage.sent.calls
-    assert (host, spare) == ("gpu_b", [])
+    assert (host, spare) == ("gpu_b", ["gpu_a"])  # home, should gpu_b be lost
     assert order.run_id == RUN and order.release_host == "gpu_a" and order.public_name == "svc"
     assert order.contender.name == "w4a16" and order.contender.scheme == "W4A16"
     assert order.handover == stage.handover and order.evaluation == CONFIG.evaluation
