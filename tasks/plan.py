@@ -33,6 +33,8 @@ def plan_capacity(config: ReleaseConfig, token: HubToken | None = None) -> Capac
     ):
         fleet_hub_access()
     logger.info("plan (%d bytes of headers read): %s", files.bytes_read, plan.verdict)
+    for note in plan.notes:  # what it did not model; in a fleet, the other hosts it fits
+        logger.info("plan: %s", note)
     if config.serving.tensor_parallel_size == "auto" and plan.recommendation:
         logger.info(
             "tensor_parallel_size auto: %d GPU(s) per server, the smallest size that fits",

@@ -11,7 +11,7 @@ from llm_release.config import ReleaseConfig, SourceConfig
 from llm_release.errors import ConfigError
 
 CONFIG = ReleaseConfig(source=SourceConfig(repo_id="org/m"))
-PLAN = type("Plan", (), {"verdict": "fits", "recommendation": None})()
+PLAN = type("Plan", (), {"verdict": "fits", "recommendation": None, "notes": []})()
 
 
 @pytest.fixture

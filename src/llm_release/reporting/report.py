@@ -218,7 +218,11 @@ def sizing_section(plan: CapacityPlan | None, results: list[CandidateResult]) ->
         return []
     lines = ["## Sizing", ""]
     if plan is not None:
-        lines += [f"- **Plan (from the repo's headers, before the download):** {plan.verdict}", ""]
+        lines += [f"- **Plan (from the repo's headers, before the download):** {plan.verdict}"]
+        # what the plan did not model, and on a host of a fleet which other hosts it fits
+        # (host names are another host's words: inert)
+        lines += [f"  - {_inline(note)}" for note in plan.notes]
+        lines += [""]
     if checks:
         headers = ["candidate", "KV-cache tokens: planner", "vLLM", "error"]
         headers += ["max concurrency: planner", "vLLM"]

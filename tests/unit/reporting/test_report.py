@@ -343,3 +343,21 @@ def test_a_lost_attempts_reason_from_another_host_reaches_the_report_inert():
     assert "\x1b" not in line
     assert len(line) < 400 and line.endswith("….*")
     assert "](http://evil.example)" not in text
+
+
+def test_the_sizing_section_shows_the_plans_notes_inert():
+    from llm_release.reporting.report import sizing_section
+    from llm_release.sizing import CapacityPlan
+
+    plan = CapacityPlan.model_construct(
+        verdict="fits on 1 GPU(s): 1,000 KV tokens",
+        notes=["fleet: also fits gpu_b, [evil](http://x.example)", "--foo is not modelled"],
+    )
+    lines = sizing_section(plan, [])
+    assert lines[2:] == [
+        "- **Plan (from the repo's headers, before the download):** fits on 1 GPU(s): 1,000 "
+        "KV tokens",
+        "  - fleet: also fits gpu\\_b, \\[evil\\]\\(http://x.example\\)",
+        "  - --foo is not modelled",
+        "",
+    ]
