@@ -83,7 +83,10 @@ prefect-up: setup
 	@$(PREFECT_CLIENT) $(PY) -m flows.control $(if $(NOTIFY_WEBHOOK),--webhook-url $(NOTIFY_WEBHOOK))
 
 # The work pool, every deployment of prefect.yaml, and one process worker (its log:
-# .llm-release/worker.log; 'make down' stops it). What the UI's Run button needs.
+# .llm-release/worker.log; 'make down' stops it). What the UI's Run button needs. It polls the
+# pool's default queue alone, where the deployments' runs land: a worker started with no queue
+# polls every queue of its pool, and would take a measurement sent to another host's
+# host-NAME queue (docs/fleet.md).
 worker-up: prefect-up
 	@export $(PREFECT_CLIENT) LLM_RELEASE_PROJECT=$(CURDIR); \
 	.venv/bin/prefect work-pool inspect llm-release >/dev/null 2>&1 || \
@@ -92,10 +95,10 @@ worker-up: prefect-up
 	  { echo "prefect deploy --all failed; see $(LLM_RELEASE_HOME)/deploy.log"; exit 1; }; \
 	if ! { [ -f $(PIDS)/worker.pid ] && kill -0 $$(cat $(PIDS)/worker.pid) 2>/dev/null; }; then \
 	  PREFECT_WORKER_QUERY_SECONDS=3 setsid nohup .venv/bin/prefect worker start --pool llm-release \
-	    >> $(LLM_RELEASE_HOME)/worker.log 2>&1 < /dev/null & \
+	    --work-queue default >> $(LLM_RELEASE_HOME)/worker.log 2>&1 < /dev/null & \
 	  echo $$! > $(PIDS)/worker.pid; \
 	fi; \
-	echo "worker: pool llm-release, deployments of prefect.yaml (log: $(LLM_RELEASE_HOME)/worker.log)"
+	echo "worker: pool llm-release, queue default, deployments of prefect.yaml (log: $(LLM_RELEASE_HOME)/worker.log)"
 
 # The fleet (docs/fleet.md): this host declares itself (its GPUs as nvidia-smi reports them,
 # or GPUS and GPU_MEMORY_GIB as stated) and runs a worker on its own queue, host-NAME.

@@ -80,3 +80,13 @@ def test_make_demo_passes_the_files_scripts_demo_config_chooses():
     assert re.search(
         r"--deployment model-update/model-update .*\n.*--config \$\$update_config ", demo
     )
+
+
+def test_every_worker_the_makefile_starts_names_its_queue():
+    # A Prefect worker started with no --work-queue polls every queue of its pool: make
+    # worker-up's worker would take a measurement sent to another host's host-NAME queue.
+    makefile = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    starts = [line for line in makefile.splitlines() if "prefect worker start" in line]
+    assert len(starts) == 2, starts  # worker-up and fleet-join
+    queues = sorted(re.search(r"--work-queue (\S+)", line).group(1) for line in starts)
+    assert queues == ['"host-$(HOST)"', "default"]
