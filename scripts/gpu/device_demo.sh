@@ -11,6 +11,7 @@
 #        'make demo' in its own session; wait for it up to SECONDS
 #   bash scripts/gpu/device_demo.sh wait SECONDS   wait for the demo again (a later trip)
 #
+# TGZ=1: demo.tgz comes back even while the demo runs (a last trip, with the device time out).
 # DEMO_CMD='...' runs instead of 'make demo' (e.g. a bench first: 'python bench/... ; make demo');
 # bench/results/*.jsonl come back with the rest.
 # DEMO_CONFIG=FILE DEMO_UPDATE_CONFIG=FILE (make demo's own knobs) pass through: on
@@ -35,13 +36,19 @@ for part in .gw/part.*; do [ -f "$part" ] && cp "$part" /tmp/parts/gw/; done
 [ -f .gw/PARTS.sha256 ] && cp .gw/PARTS.sha256 /tmp/parts/gw/
 log "$mode: parts here: $(cd /tmp/parts/gw && ls part.* 2>/dev/null | tr '\n' ' ')"
 
-finish() {
+# The demo's log so far, copied to $OUT every minute of a wait: a trip cut by the device's
+# limit (or its session's device time running out) still brings back how far it got.
+snapshot() {
   cp /tmp/demo/steps.log "$OUT/" 2>/dev/null
   [ -f /tmp/demo/demo.log ] && tr '\r' '\n' < /tmp/demo/demo.log | grep -v -E 'it/s\]|s/it\]' > "$OUT/demo.log"
+}
+
+finish() {
+  snapshot
   [ -f /tmp/demo/setup.log ] && cp /tmp/demo/setup.log "$OUT/"
   cp "$ROOT"/bench/results/*.jsonl "$OUT/" 2>/dev/null
-  if [ -f /tmp/demo/rc ]; then
-    # results, reports, logs and configs; no model files
+  if [ -f /tmp/demo/rc ] || [ -n "${TGZ:-}" ]; then
+    # results, reports, logs and configs; no model files (TGZ=1: also while it runs)
     (cd "$ROOT" && find .llm-release .setup-logs -type f -size -8M \( -name '*.log' -o \
       -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.cfg' -o -name '*.yml' \) \
       -not -path '.llm-release/models/*' -not -path '.llm-release/candidates/*' -not -path '.llm-release/hub/*' -not -name 'config.json' \
@@ -52,12 +59,17 @@ finish() {
 }
 
 wait_demo() {
-  local until=$(($(date +%s) + limit))
-  while [ ! -f /tmp/demo/rc ] && [ "$(date +%s)" -lt "$until" ]; do sleep 5; done
+  local until=$(($(date +%s) + limit)) next=0
+  while [ ! -f /tmp/demo/rc ] && [ "$(date +%s)" -lt "$until" ]; do
+    if [ "$(date +%s)" -ge "$next" ]; then snapshot; next=$(($(date +%s) + 60)); fi
+    sleep 5
+  done
   if [ -f /tmp/demo/rc ]; then log "demo ended with $(cat /tmp/demo/rc)"; else log "demo still running"; fi
   tail -n 25 /tmp/demo/demo.log 2>/dev/null | tr '\r' '\n' | grep -v 'it/s' | cut -c1-300
 }
 
+# stopped from outside (the call's limit): what there is so far goes back
+trap 'log "stopped by a signal"; TGZ=1 finish; exit 143' TERM INT
 if [ "$mode" = stash ]; then finish; exit 0; fi
 if [ "$mode" = wait ]; then wait_demo; finish; exit 0; fi
 [ "$mode" = go ] || { echo "unknown mode $mode"; exit 2; }
