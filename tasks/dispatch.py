@@ -185,8 +185,9 @@ def place_contenders(
         )
         return here
     try:
+        fleet = {card.name: card for card in release_fleet()}
         others = fleet_fits(
-            config, host.host, folder_files(acquired.model_dir), release_fleet(), home
+            config, host.host, folder_files(acquired.model_dir), list(fleet.values()), home
         )
         free = free_slots(home, others) if others else {}
     except (ReleaseError, ValueError, KeyError, httpx.HTTPError) as exc:
@@ -195,11 +196,17 @@ def place_contenders(
     if not others:
         return here
     on_host = gpus.host_gpus()
+    # each host's slots are its own GPUs': a server on every GPU holds 8 on a host of 8, 2 on
+    # one of 2 (as tasks/slots.py counts them on the host that measures it)
+    layouts = {name: [g.index for g in fleet[name].gpus] for name in others}
     seats = [
         Seat(
             name=c.name,
             role=c.role,
             slots=max(1, placement.gpus_needed(c.serving, on_host)),
+            slots_on={
+                h: max(1, placement.gpus_needed(c.serving, ids)) for h, ids in layouts.items()
+            },
             settled=c.outcome is not None,
         )
         for c in contenders

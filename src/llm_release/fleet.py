@@ -88,9 +88,18 @@ class Seat(BaseModel):
     name: str
     role: Literal["champion", "baseline", "quantized"]
     slots: int = Field(1, ge=1, description="the host slots its measurement holds")
+    slots_on: dict[str, int] = Field(
+        default_factory=dict,
+        description="the slots it holds on a host whose GPUs make that another count than "
+        "``slots`` (a server on every GPU holds as many slots as its host has GPUs)",
+    )
     settled: bool = Field(
         False, description="its result is known already (skipped, failed to build): no GPU"
     )
+
+    def needs(self, host: str) -> int:
+        """The slots its measurement holds on ``host``."""
+        return max(1, self.slots_on.get(host, self.slots))
 
 
 class Placement(BaseModel):
@@ -136,7 +145,8 @@ def place(
     placement whatever the order of ``fits``' and ``free``'s keys).
 
     ``fits``: each contender's hosts whose card fits its model (home among them when it fits
-    there); ``free``: each host's free slots now. The champion serves users from home and its
+    there); ``free``: each host's free slots now; a seat's slots are counted on each host
+    with that host's GPUs (``Seat.needs``). The champion serves users from home and its
     folder is home's, and a settled contender takes no GPU: both stay home. Every other one,
     in the given order, goes home while home has the free slots it needs, else to the host it
     fits with the most free slots (ties by name), whose free slots it then takes. One that
@@ -151,7 +161,7 @@ def place(
         if seat.role == "champion" or seat.settled:
             hosts[seat.name] = home
             if not seat.settled:
-                left[home] = left.get(home, 0) - seat.slots
+                left[home] = left.get(home, 0) - seat.needs(home)
     for seat in contenders:
         if seat.name in hosts:
             continue
@@ -162,8 +172,8 @@ def place(
                 hint="the plan stage refuses a release that fits no host; start the release "
                 "again, or join a host with more GPU memory ('make fleet-join')",
             )
-        open_hosts = [h for h in fitting if h != home and left.get(h, 0) >= seat.slots]
-        if home in fitting and left.get(home, 0) >= seat.slots:
+        open_hosts = [h for h in fitting if h != home and left.get(h, 0) >= seat.needs(h)]
+        if home in fitting and left.get(home, 0) >= seat.needs(home):
             where = home
         elif open_hosts:
             where = _most_free(open_hosts, left)
@@ -171,7 +181,7 @@ def place(
             where = home if home in fitting else _most_free(fitting, left)
             queued.append(seat.name)
         hosts[seat.name] = where
-        left[where] = left.get(where, 0) - seat.slots
+        left[where] = left.get(where, 0) - seat.needs(where)
         if where != home:
             others = [h for h in fitting if h not in (where, home)]
             # home last: in a fleet of two, the host that is left is home, and a lost

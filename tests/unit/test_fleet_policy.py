@@ -93,6 +93,18 @@ def test_a_contender_that_needs_more_slots_than_a_host_has_free_goes_where_they_
     assert placed.hosts == {"tp2": "gpu_c"}
 
 
+def test_a_contender_on_every_gpu_counts_each_hosts_own_gpus():
+    # gpus "all": 8 slots on home's 8 GPUs, 2 on gpu_b's 2; with home busy it goes to gpu_b,
+    # where its 2 slots are free (counted with home's 8 it would wait, queued, at home)
+    contenders = seats("everywhere", slots=8, slots_on={"gpu_b": 2})
+    placed = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b"]), {HOME: 4, "gpu_b": 2})
+    assert placed.hosts == {"everywhere": "gpu_b"} and placed.queued == []
+    # and the slots it takes there are gpu_b's count: a second one finds none left
+    two = seats("first", "second", slots=8, slots_on={"gpu_b": 2})
+    again = place(two, HOME, fits_all(two, [HOME, "gpu_b"]), {HOME: 4, "gpu_b": 2})
+    assert again.hosts == {"first": "gpu_b", "second": HOME} and again.queued == ["second"]
+
+
 def test_a_contender_that_fits_no_host_is_a_clear_error():
     contenders = seats("baseline", "huge")
     fits = {"baseline": [HOME], "huge": []}

@@ -5,6 +5,8 @@ challenger home has no slot for to a free host, through the fleet's hub (tasks s
 import inspect
 import logging
 import re
+from datetime import UTC, datetime
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
@@ -17,6 +19,7 @@ from flows.release import release
 from llm_release.config import ReleaseConfig, ServingConfig, SourceConfig
 from llm_release.decision.contenders import Contender
 from llm_release.errors import ConfigError, PublishError
+from llm_release.fleet import GpuCard, HostCard
 from llm_release.hub.acquire import Acquired
 from llm_release.hub.handover import FleetHub, Handover
 from llm_release.results import CandidateResult
@@ -147,10 +150,17 @@ def test_outside_a_fleet_every_contender_is_measured_here_and_the_fleet_is_not_a
 SHARED_RECORD = "postgresql+psycopg://release:secret@db.fleet/llm_release"
 
 
-def fleet_of(monkeypatch, free: dict[str, int], fits=("gpu_b",), hub=None):
+def card(name: str, gpus: int) -> HostCard:
+    cards = [GpuCard(index=i, memory_gib=80.0) for i in range(gpus)]
+    return HostCard(name=name, gpus=cards, source="stated", declared_at=datetime.now(UTC))
+
+
+def fleet_of(monkeypatch, free: dict[str, int], fits=("gpu_b",), hub=None, gpus=None):
     monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_a")
     monkeypatch.setenv("LLM_RELEASE_DATABASE_URL", SHARED_RECORD)
-    monkeypatch.setattr(dispatch, "release_fleet", lambda: ["cards"])
+    gpus = gpus or {}
+    cards = [card(name, gpus.get(name, 1)) for name in ("gpu_a", *fits)]
+    monkeypatch.setattr(dispatch, "release_fleet", lambda: cards)
     monkeypatch.setattr(dispatch, "folder_files", lambda model_dir: "headers")
     monkeypatch.setattr(dispatch, "fleet_fits", lambda *a: list(fits))
     monkeypatch.setattr(dispatch, "free_slots", lambda home, others: free)
@@ -176,6 +186,22 @@ def test_with_home_full_a_challenger_is_handed_over_and_sent_to_a_free_host(stag
         ("baseline", None),
         ("w4a16", "gpu_b"),
     ]
+
+
+def test_a_contender_on_every_gpu_is_counted_with_each_hosts_own_gpus(stage, monkeypatch):
+    # gpus "all": home has 8 GPUs and 4 free slots, gpu_b 2 GPUs and both free. Counted
+    # with home's 8, it could go nowhere and would wait at home; gpu_b holds it in its 2.
+    fleet_of(monkeypatch, {"gpu_a": 4, "gpu_b": 2}, gpus={"gpu_a": 8, "gpu_b": 2})
+    monkeypatch.setattr(dispatch.gpus, "host_gpus", lambda: list(range(8)))
+    everywhere = ServingConfig(gpus="all")
+    contenders = [
+        Contender(name=n, role="quantized", scheme="W4A16", serving=everywhere, model_dir=Path(n))
+        for n in ("w4a16", "fp8")
+    ]
+    acquired = Acquired(Path("m"), Path("m/manifest.json"), "c" * 40, "org/m", 0, True)
+    placed = dispatch.place_contenders(contenders, acquired, CONFIG, HOST)
+    assert placed.hosts == {"w4a16": "gpu_b", "fp8": "gpu_a"}
+    assert placed.queued == ["fp8"]  # gpu_b's 2 slots taken: it waits for home's 8
 
 
 def test_with_home_free_nothing_leaves_home_and_no_hub_is_needed(stage, monkeypatch):
