@@ -25,6 +25,7 @@ from llm_release.decision import decisions
 from llm_release.decision.contenders import Contender, list_contenders
 from llm_release.decision.select import deploy_targets
 from llm_release.errors import ConfigError
+from llm_release.fleet import Placement
 from llm_release.hub import credentials
 from llm_release.hub.acquire import Acquired
 from llm_release.hub.credentials import HubToken
@@ -39,7 +40,7 @@ from llm_release.serving.probe import HostSupport
 from tasks.acquire import acquire_model
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner
-from tasks.dispatch import place_contenders, send_away
+from tasks.dispatch import place_contenders, seat_when_free, send_away
 from tasks.fleet import fleet_hub_access
 from tasks.plan import plan_capacity
 from tasks.probe import probe_host
@@ -231,31 +232,31 @@ def measure_contenders(
     """Every contender served, evaluated and load-tested alike, side by side as far as the
     host's slots allow (one per GPU: tasks/slots.py). On a host of a fleet, a challenger
     this host has no free slot for goes to another host whose card fits the plan and whose
-    slots are free, handed over through the fleet's hub (docs/fleet.md); outside a fleet
-    every one is measured here, as always. A failed candidate is a Failed task run; its
-    result goes on to the decision as a measured one does."""
+    slots are free, handed over through the fleet's hub (docs/fleet.md); with every such
+    host full it waits for the first of them to free a slot, this host included. Outside a
+    fleet every one is measured here, as always. A failed candidate is a Failed task run;
+    its result goes on to the decision as a measured one does."""
     placed = place_contenders(contenders, acquired, config, host)
-    # the fleet's hub refused here, before any measurement starts, when it is not set
-    hub = fleet_hub_access() if placed.away() else None
+    # the fleet's hub refused here, before any measurement starts, when it is not set (one
+    # queued here may yet go to another host)
+    hub = fleet_hub_access() if placed.away() or placed.waiting else None
     slo = slo_for(config.gates)
-    started: dict[str, PrefectFuture | State] = {
-        c.name: measure_contender.submit(
-            c,
-            acquired.model_dir,
-            config.evaluation,
-            config.load,
-            host,
-            run_dir / "candidates" / c.name,
-            service,
-            run_id,
-            slo=slo,
-        )
-        for c in contenders
-        if placed.at_home(c.name)
+    alike = (acquired.model_dir, config.evaluation, config.load, host)
+
+    def here(c: Contender) -> PrefectFuture | State:
+        out_dir = run_dir / "candidates" / c.name
+        return measure_contender.submit(c, *alike, out_dir, service, run_id, slo=slo)
+
+    def away(sent: list[Contender], where: Placement) -> dict[str, PrefectFuture | State]:
+        return send_away(sent, where, hub, acquired, config, run_id, service)
+
+    queued = {seat.name for seat in placed.waiting}
+    started = {
+        c.name: here(c) for c in contenders if placed.at_home(c.name) and c.name not in queued
     }
     if hub is not None:
-        away = [c for c in contenders if not placed.at_home(c.name)]
-        started |= send_away(away, placed, hub, acquired, config, run_id, service)
+        started |= away([c for c in contenders if not placed.at_home(c.name)], placed)
+    started |= seat_when_free(contenders, placed, started, here, away)
     return [
         value_of(s if isinstance(s, State) else settled(s), CandidateResult)
         for s in (started[c.name] for c in contenders)

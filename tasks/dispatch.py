@@ -6,11 +6,14 @@ one seated elsewhere over through the fleet's hub and sends it as a flow run of 
 dispatch: no queue of ours), nested under this task in the UI, its result read back from
 the record. Only a host that joined is sent to: Prefect makes a queue nobody polls for an
 unknown name, and the run would wait there for ever. The candidate goes first to the fleet's
-hub (``hand_over_contender``), whence the measuring host downloads it."""
+hub (``hand_over_contender``), whence the measuring host downloads it. A contender queued
+here while every host it fits is full waits for the first of them to free a slot
+(``seat_when_free``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 
 import httpx
 from prefect import get_run_logger, task
@@ -23,7 +26,7 @@ from llm_release.decision import measurements, remote
 from llm_release.decision.contenders import Contender
 from llm_release.decision.remote import MeasureOrder, OrderedContender
 from llm_release.errors import ConfigError, ReleaseError, StateError, one_line
-from llm_release.fleet import QUEUE_PREFIX, Placement, Seat, checked_name, place
+from llm_release.fleet import QUEUE_PREFIX, Placement, Seat, checked_name, place, seat_queued
 from llm_release.hub.acquire import Acquired
 from llm_release.hub.handover import FleetHub, Handover, hand_over
 from llm_release.load.loadtest import slo_for
@@ -38,6 +41,13 @@ from tasks.states import failed_with, first_line, settled
 
 # A measurement of a large model: start, evaluation and load test can take hours.
 MEASURE_TIMEOUT_S = 6 * 3600.0
+# A contender queued here: how often the fleet's free slots are read again, and for how long
+# (as long as one measurement may take: by then every one that held a slot has ended or was
+# given up) before it is measured here after all, where this host's slots queue it.
+POLL_S = 10.0
+WAIT_S = MEASURE_TIMEOUT_S
+
+Started = PrefectFuture | State
 
 
 @task(
@@ -203,7 +213,7 @@ def place_contenders(
         Seat(
             name=c.name,
             role=c.role,
-            slots=max(1, placement.gpus_needed(c.serving, on_host)),
+            slots=_slots_here(c, on_host),
             slots_on={
                 h: max(1, placement.gpus_needed(c.serving, ids)) for h, ids in layouts.items()
             },
@@ -217,13 +227,102 @@ def place_contenders(
         logger.info("%s: measured on host %s (free slots: %s)", name, where, shown)
     for name in placed.queued:
         logger.warning(
-            "%s: no host it fits has a free slot now (%s): queued on host %s, where it waits "
-            "for one",
+            "%s: no host it fits has a free slot now (%s): queued on host %s until the "
+            "first host it fits frees one",
             name,
             shown,
             placed.hosts[name],
         )
     return placed
+
+
+def _slots_here(contender: Contender, on_host: Sequence[int]) -> int:
+    """The slots its measurement holds on this host (one per GPU it needs; one on a CPU)."""
+    return max(1, placement.gpus_needed(contender.serving, list(on_host)))
+
+
+def _ended(started: Started) -> bool:
+    return (started if isinstance(started, State) else started.state).is_final()
+
+
+def seat_when_free(
+    contenders: list[Contender],
+    placed: Placement,
+    started: Mapping[str, Started],
+    here: Callable[[Contender], Started],
+    away: Callable[[list[Contender], Placement], dict[str, Started]],
+) -> dict[str, Started]:
+    """Each contender queued here (``placed.waiting``) measured on whichever host it fits
+    frees the slots it needs first, this host first (``fleet.seat_queued``): every host's free
+    slots read again every ``POLL_S``, ``started`` (what is measured already) telling which
+    of this host's measurements ended. Here it is measured as any other (``here``); on
+    another host it is handed over and sent (``away``, as ``send_away`` does). A read that
+    fails, or ``WAIT_S`` without a slot, measures every one still waiting here, where this
+    host's slots queue it (tasks/slots.py). Nothing queued: nothing asked of Prefect."""
+    if not placed.waiting:
+        return {}
+    logger = get_run_logger()
+    by_name = {c.name: c for c in contenders}
+    home = placed.home
+    others = sorted({host for fits in placed.fits.values() for host in fits} - {home})
+    on_host = gpus.host_gpus()
+    # this host's own measurements: one that ended gives its slots back
+    ours = {
+        name: _slots_here(by_name[name], on_host)
+        for name in started
+        if placed.at_home(name) and by_name[name].outcome is None
+    }
+    sent: dict[str, Started] = {}
+    logger.info(
+        "%s wait for the first host they fit to free a slot (free slots: %s); read again "
+        "every %.0f s, for at most %.0f s",
+        _names(placed.waiting),
+        ", ".join(f"{h} {n}" for h, n in sorted(placed.read.items())),
+        POLL_S,
+        WAIT_S,
+    )
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        measuring = {**started, **sent}
+        try:
+            ended = [name for name in ours if _ended(measuring[name])]
+            now = free_slots(home, others)
+        except (ReleaseError, httpx.HTTPError) as exc:
+            logger.warning(
+                "fleet: free slots not read while waiting (%s); %s measured on this host",
+                exc,
+                _names(placed.waiting),
+            )
+            break
+        seated = seat_queued(placed, now, sum(ours.pop(name) for name in ended))
+        still = {seat.name for seat in seated.waiting}
+        shown = ", ".join(f"{h} {n}" for h, n in sorted(now.items()))
+        for seat in (seat for seat in placed.waiting if seat.name not in still):
+            where = seated.hosts[seat.name]
+            logger.info("%s: host %s has a free slot (%s): measured there", seat.name, where, shown)
+            if where == home:
+                sent[seat.name] = here(by_name[seat.name])
+                ours[seat.name] = seat.needs(home)
+            else:
+                sent |= away([by_name[seat.name]], seated)
+        placed = seated
+        if not placed.waiting:
+            return sent
+        if time.monotonic() >= deadline:
+            logger.warning(
+                "%s: no host freed a slot in %.0f s; measured on this host, where it waits for one",
+                _names(placed.waiting),
+                WAIT_S,
+            )
+            break
+        time.sleep(POLL_S)
+    for seat in placed.waiting:
+        sent[seat.name] = here(by_name[seat.name])
+    return sent
+
+
+def _names(seats: Sequence[Seat]) -> str:
+    return ", ".join(seat.name for seat in seats)
 
 
 def send_away(

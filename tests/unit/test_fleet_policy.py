@@ -1,4 +1,5 @@
-"""llm_release/fleet.place: where the measure stage measures each contender (a pure policy:
+"""llm_release/fleet.place: where the measure stage measures each contender, and
+fleet.seat_queued: where one queued at home goes once a host frees a slot (pure policies:
 the fleet's cards and slots come in as arguments)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import itertools
 import pytest
 
 from llm_release.errors import ConfigError
-from llm_release.fleet import Seat, place
+from llm_release.fleet import Seat, place, seat_now, seat_queued
 
 HOME = "gpu_a"
 
@@ -117,6 +118,9 @@ def test_a_contender_that_fits_only_busy_hosts_elsewhere_is_queued_on_the_freest
     contenders = seats("w4a16")
     placed = place(contenders, HOME, {"w4a16": ["gpu_c", "gpu_b"]}, {"gpu_b": 0, "gpu_c": 0})
     assert placed.hosts == {"w4a16": "gpu_b"} and placed.queued == ["w4a16"]
+    # sent there at once, where it waits on that host's slots: only one queued home waits
+    assert placed.waiting == []
+    assert seat_queued(placed, {"gpu_b": 0, "gpu_c": 4}).hosts == {"w4a16": "gpu_b"}
 
 
 def test_the_same_fleet_gives_the_same_placement_whatever_the_order_of_its_keys():
@@ -135,3 +139,78 @@ def test_the_same_fleet_gives_the_same_placement_whatever_the_order_of_its_keys(
         "fp8": HOME,  # queued: every host it fits is full
     }
     assert first.queued == ["fp8"]
+
+
+# ---------------------------------------------------------------- a contender queued at home
+
+
+def full_fleet(contenders: list[Seat], hosts=(HOME, "gpu_b", "gpu_c")):
+    """Every host full: all but the champion queued at home."""
+    return place(contenders, HOME, fits_all(contenders, list(hosts)), dict.fromkeys(hosts, 0))
+
+
+def test_a_queued_contender_goes_to_the_host_that_freed_a_slot_first():
+    placed = full_fleet(seats("w4a16"))
+    assert placed.hosts == {"w4a16": HOME} and [s.name for s in placed.waiting] == ["w4a16"]
+    seated = seat_queued(placed, {HOME: 0, "gpu_b": 0, "gpu_c": 1})
+    assert seated.hosts == {"w4a16": "gpu_c"} and seated.away() == {"w4a16": "gpu_c"}
+    assert seated.waiting == [] and seated.queued == [] and seated.fits == {}
+    assert seated.spare == {"w4a16": ["gpu_b", HOME]}  # as place gives them: home last
+    assert seated.left == {HOME: 0, "gpu_b": 0, "gpu_c": 0}  # the slot it took
+
+
+def test_a_queued_contender_waits_while_no_host_it_fits_has_a_slot():
+    placed = full_fleet(seats("w4a16", "fp8"))
+    again = seat_queued(placed, {HOME: 0, "gpu_b": 0, "gpu_c": 0})
+    assert again.hosts == placed.hosts and again.waiting == placed.waiting
+    assert again.queued == ["w4a16", "fp8"]
+    # a host it does not fit frees slots: it waits on
+    fits = {"w4a16": [HOME, "gpu_b"]}
+    narrow = place(seats("w4a16"), HOME, fits, {HOME: 0, "gpu_b": 0, "gpu_c": 0})
+    assert seat_queued(narrow, {HOME: 0, "gpu_b": 0, "gpu_c": 4}).waiting == narrow.waiting
+
+
+def test_home_first_when_home_and_another_host_free_slots_at_once():
+    placed = full_fleet(seats("w4a16", "fp8"))
+    seated = seat_queued(placed, {HOME: 1, "gpu_b": 1, "gpu_c": 0})
+    # in order: the first takes home's slot, the second the other host's
+    assert seated.hosts == {"w4a16": HOME, "fp8": "gpu_b"} and seated.waiting == []
+    assert seat_now(seats("x")[0], [HOME, "gpu_b"], HOME, {HOME: 1, "gpu_b": 5}) == HOME
+
+
+def test_a_queued_contender_needs_its_slots_as_each_host_counts_them():
+    # gpus "all": 8 slots at home (8 GPUs), 2 on gpu_b (2 GPUs)
+    everywhere = seats("everywhere", slots=8, slots_on={"gpu_b": 2})
+    placed = full_fleet(everywhere, hosts=(HOME, "gpu_b"))
+    assert seat_queued(placed, {HOME: 4, "gpu_b": 1}).waiting == placed.waiting  # short of both
+    assert seat_queued(placed, {HOME: 4, "gpu_b": 2}).hosts == {"everywhere": "gpu_b"}
+    at_home = seat_queued(placed, {HOME: 8, "gpu_b": 2})
+    assert at_home.hosts == {"everywhere": HOME} and at_home.waiting == []
+    assert seat_now(everywhere[0], [HOME, "gpu_b"], HOME, {HOME: 7, "gpu_b": 1}) is None
+
+
+def test_slots_given_to_a_seated_contender_are_no_free_slot_until_a_host_frees_one():
+    # home's slot went to baseline, gpu_b's to fp8; neither has taken it yet when read again
+    contenders = seats("baseline", "fp8", "w4a16")
+    placed = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b"]), {HOME: 1, "gpu_b": 1})
+    assert placed.hosts == {"baseline": HOME, "fp8": "gpu_b", "w4a16": HOME}
+    assert placed.left == {HOME: 0, "gpu_b": 0} and placed.read == {HOME: 1, "gpu_b": 1}
+    unchanged = seat_queued(placed, {HOME: 1, "gpu_b": 1})
+    assert [s.name for s in unchanged.waiting] == ["w4a16"]
+    taken = seat_queued(unchanged, {HOME: 0, "gpu_b": 0})  # both measuring now
+    assert [s.name for s in taken.waiting] == ["w4a16"]
+    # fp8's measurement ends: gpu_b's count rises, and that slot is the queued one's
+    freed = seat_queued(taken, {HOME: 0, "gpu_b": 1})
+    assert freed.hosts["w4a16"] == "gpu_b" and freed.waiting == []
+
+
+def test_a_measurement_here_that_ended_gives_its_slots_back_to_the_queued():
+    # the champion's measurement reused: it never took home's one slot, so no count rises
+    contenders = [Seat(name="champion", role="champion"), *seats("baseline")]
+    placed = place(contenders, HOME, fits_all(contenders, [HOME, "gpu_b"]), {HOME: 1, "gpu_b": 0})
+    assert [s.name for s in placed.waiting] == ["baseline"]
+    assert seat_queued(placed, {HOME: 1, "gpu_b": 0}).waiting == placed.waiting
+    back = seat_queued(placed, {HOME: 1, "gpu_b": 0}, ended=1)
+    assert back.hosts["baseline"] == HOME and back.waiting == [] and back.queued == []
+    # never more than home has free now
+    assert seat_queued(placed, {HOME: 0, "gpu_b": 0}, ended=1).waiting == placed.waiting

@@ -1,6 +1,7 @@
 """The release flow reads as the runbook: one screen, each stage named and timed by stage().
 Its measure stage measures every contender here outside a fleet, and in a fleet sends a
-challenger home has no slot for to a free host, through the fleet's hub (tasks stood in)."""
+challenger home has no slot for to a free host, through the fleet's hub, or with every host
+full has it wait for the first to free a slot (tasks stood in)."""
 
 import inspect
 import logging
@@ -121,6 +122,9 @@ def stage(monkeypatch, tmp_path):
     monkeypatch.setattr(dispatch, "measure_on_host", sent)
     monkeypatch.setattr(dispatch.gpus, "host_gpus", lambda: [])
     monkeypatch.setattr(dispatch, "get_run_logger", lambda: logging.getLogger("release"))
+    # a contender queued here: the fleet read again at once, and never for long
+    monkeypatch.setattr(dispatch, "POLL_S", 0.0)
+    monkeypatch.setattr(dispatch, "WAIT_S", 5.0)
     acquired = Acquired(model, model / "manifest.json", "c" * 40, "org/m", 0, True)
 
     def run() -> list[CandidateResult]:
@@ -235,12 +239,105 @@ def test_a_failed_hand_over_is_the_contenders_failure_and_nothing_is_sent(stage,
     assert "403" in failed.error
 
 
-def test_with_every_host_full_a_challenger_is_queued_here_and_said_so(stage, monkeypatch, caplog):
+def test_with_every_host_full_a_challenger_waits_then_is_measured_here(stage, monkeypatch, caplog):
     fleet_of(monkeypatch, {"gpu_a": 0, "gpu_b": 0})
-    with caplog.at_level(logging.WARNING, logger="release"):
+    monkeypatch.setattr(dispatch, "WAIT_S", 0.0)  # no host frees a slot in time
+    with caplog.at_level(logging.INFO, logger="release"):
         stage.run()
     assert len(stage.home.calls) == 3 and stage.sent.calls == []
     assert "baseline: no host it fits has a free slot now (gpu_a 0, gpu_b 0)" in caplog.text
+    assert "baseline, w4a16 wait for the first host they fit to free a slot" in caplog.text
+    assert "baseline, w4a16: no host freed a slot in 0 s; measured on this host" in caplog.text
+
+
+def reads(monkeypatch, *answers):
+    """free_slots stood in: each read the next answer (an exception is raised), the last
+    one again and again; the reads made are counted."""
+    made = []
+
+    def free_slots(home, others):
+        made.append((home, others))
+        answer = answers[min(len(made), len(answers)) - 1]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(dispatch, "free_slots", free_slots)
+    return made
+
+
+def test_a_challenger_queued_here_goes_to_the_host_that_frees_a_slot_first(
+    stage, monkeypatch, caplog
+):
+    hub = fleet_of(monkeypatch, {})
+    # home's two slots: the champion's and the baseline's; w4a16 waits. Both measure at once
+    # (home's count falls), then gpu_b frees a slot.
+    made = reads(
+        monkeypatch,
+        {"gpu_a": 2, "gpu_b": 0},
+        {"gpu_a": 0, "gpu_b": 0},
+        {"gpu_a": 0, "gpu_b": 1},
+        {"gpu_a": 1, "gpu_b": 1},
+    )
+    with caplog.at_level(logging.INFO, logger="release"):
+        results = stage.run()
+    assert len(made) == 3 and made[-1] == ("gpu_a", ["gpu_b"])
+    assert [c[0].name for c in stage.home.calls] == ["champion", "baseline"]
+    assert [(c[0].name, c[1]) for c in stage.handed.calls] == [("w4a16", hub)]
+    ((order, host, spare),) = stage.sent.calls
+    assert (order.contender.name, host, spare) == ("w4a16", "gpu_b", ["gpu_a"])
+    assert order.handover == stage.handover and order.release_host == "gpu_a"
+    assert results[2].name == "w4a16" and results[2].measured_on == "gpu_b"
+    assert (
+        "w4a16 wait for the first host they fit to free a slot (free slots: gpu_a 2, gpu_b 0)"
+        in caplog.text
+    )
+    assert "w4a16: host gpu_b has a free slot (gpu_a 0, gpu_b 1): measured there" in caplog.text
+
+
+def test_a_challenger_queued_here_is_measured_here_when_home_frees_a_slot_first(
+    stage, monkeypatch, caplog
+):
+    fleet_of(monkeypatch, {})
+    made = reads(
+        monkeypatch,
+        {"gpu_a": 2, "gpu_b": 0},
+        {"gpu_a": 0, "gpu_b": 0},
+        {"gpu_a": 1, "gpu_b": 0},
+        {"gpu_a": 1, "gpu_b": 1},
+    )
+    with caplog.at_level(logging.INFO, logger="release"):
+        results = stage.run()
+    assert len(made) == 3  # it waited for home's slot, and took it at once
+    assert "w4a16: host gpu_a has a free slot (gpu_a 1, gpu_b 0): measured there" in caplog.text
+    assert [c[0].name for c in stage.home.calls] == ["champion", "baseline", "w4a16"]
+    assert stage.home.calls[2][5] == stage.run_dir / "candidates" / "w4a16"
+    assert stage.handed.calls == [] and stage.sent.calls == []
+    assert [r.name for r in results] == ["champion", "baseline", "w4a16"]
+
+
+def test_a_measurement_here_that_ended_gives_its_slots_to_the_queued(stage, monkeypatch, caplog):
+    # the champion's and the baseline's measurements end without home's count moving (a
+    # champion whose measurement is reused never takes its slot): w4a16 takes them at once
+    fleet_of(monkeypatch, {})
+    made = reads(monkeypatch, {"gpu_a": 2, "gpu_b": 0})
+    with caplog.at_level(logging.INFO, logger="release"):
+        stage.run()
+    assert len(made) == 2
+    assert [c[0].name for c in stage.home.calls] == ["champion", "baseline", "w4a16"]
+    assert "w4a16: host gpu_a has a free slot (gpu_a 2, gpu_b 0): measured there" in caplog.text
+
+
+def test_a_fleet_that_cannot_be_read_while_waiting_measures_the_queued_here(
+    stage, monkeypatch, caplog
+):
+    fleet_of(monkeypatch, {})
+    reads(monkeypatch, {"gpu_a": 2, "gpu_b": 0}, httpx.ConnectError("connection refused"))
+    with caplog.at_level(logging.WARNING, logger="release"):
+        stage.run()
+    assert [c[0].name for c in stage.home.calls] == ["champion", "baseline", "w4a16"]
+    assert stage.sent.calls == []
+    assert "fleet: free slots not read while waiting (connection refused); w4a16" in caplog.text
 
 
 def test_a_fleet_that_cannot_be_read_leaves_every_contender_here(stage, monkeypatch, caplog):
