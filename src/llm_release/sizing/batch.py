@@ -81,7 +81,9 @@ def choose_max_num_seqs(plan: CapacityPlan, workload_tokens: int, cap: int) -> B
     runtime = request_runtime(plan.arch, request, option.tensor_parallel_size)
     length = max(1, min(workload_tokens, plan.max_model_len))
     full = kv_layout(plan.arch, runtime, plan.max_model_len)
-    work = kv_layout(plan.arch, runtime, length)
+    # what a request of the workload's length holds while it runs (a hybrid's second state
+    # block a group only past a block boundary), against what vLLM reserves at max_model_len
+    work = kv_layout(plan.arch, runtime, length, running=True)
     blocks = option.num_blocks
 
     def holds(seqs: int) -> bool:

@@ -147,7 +147,13 @@ class KvLayout(Record):
     notes: list[str] = Field(default_factory=list)
 
 
-def kv_layout(arch: ModelArch, runtime: Runtime, max_model_len: int) -> KvLayout:
+def kv_layout(
+    arch: ModelArch, runtime: Runtime, max_model_len: int, running: bool = False
+) -> KvLayout:
+    """The KV cache's layout for requests of ``max_model_len`` tokens: what vLLM reserves a
+    request (its admission and concurrency figures), or with ``running`` what one request of
+    that length holds while it runs (a linear-attention group's second state block, in
+    prefix caching's align mode, only once the request crosses a block boundary)."""
     if max_model_len < 1:
         raise ConfigError("max_model_len must be at least 1")
     notes: list[str] = []
@@ -199,8 +205,12 @@ def kv_layout(arch: ModelArch, runtime: Runtime, max_model_len: int) -> KvLayout
             need = math.ceil(tokens / block) + 1
         else:
             # mamba_cache_mode align / none, and one more state a drafted token
-            # (kv_cache_interface.MambaSpec.max_memory_usage_bytes)
-            need = (2 if runtime.enable_prefix_caching else 1) + runtime.speculative_tokens
+            # (kv_cache_interface.MambaSpec.max_memory_usage_bytes: align reserves 2). A
+            # running request holds one state block a group and takes the second only while
+            # it crosses a block boundary (single_type_kv_cache_manager.MambaManager, vLLM
+            # 0.26: allocate_new_blocks, remove_skipped_blocks frees the old one)
+            crosses = runtime.enable_prefix_caching and (not running or max_model_len > block)
+            need = (2 if crosses else 1) + runtime.speculative_tokens
         if kind == "sliding" and tokens < max_model_len:
             notes.append(
                 f"sliding-window layers hold {tokens:,} tokens a request: the window "

@@ -15,7 +15,7 @@ from llm_release.sizing.batch import (
     seqs_bytes,
     vllm_default_max_num_seqs,
 )
-from llm_release.sizing.kv import Runtime
+from llm_release.sizing.kv import Runtime, kv_layout
 
 DATA = Path(__file__).parents[1] / "data" / "gpu"
 H200_GIB = 139.80
@@ -100,3 +100,38 @@ def test_a_model_that_does_not_hold_one_sequence_gets_one(util):
     assert not result.fits and result.options[0].max_concurrency < 1
     choice = choose_max_num_seqs(result, 768, 1024)
     assert choice.max_num_seqs == 1 and "does not hold one sequence" in choice.reason
+
+
+def test_a_hybrid_served_with_prefix_caching_counts_the_state_blocks_a_running_request_holds():
+    """vLLM 0.26, mamba_cache_mode align (the project serves with prefix caching on): a
+    768-token request holds 1 attention block (of 1,056 tokens) and 1 state block in each of
+    the 3 Gated DeltaNet groups, 4 in all; it takes a second state block a group only while
+    it crosses a block boundary, and vLLM reserves that second one for a max_model_len
+    request (38). Counting 2 a group at 768 tokens gave 7 and 36 sequences on one H100,
+    where 100 streams then queued (TTFT p95 13.4 s, 2026-12-07)."""
+    arch = parse_config(json.loads((DATA / "qwen3.5-35b-a3b-shape.config.json").read_text()))
+    request = PlanRequest(
+        device="gpu",
+        gpu_memory_gib=79.18,
+        gpu_counts=[1],
+        gpu_memory_utilization=0.9,
+        max_model_len=32768,
+        enable_prefix_caching=True,
+        max_num_seqs=1,
+        vllm_version="0.26.0",
+    )
+    result = plan(arch, estimate_weights(arch, "bf16"), request)
+    choice = choose_max_num_seqs(result, 768, 1024)
+    assert (choice.blocks_per_workload_request, choice.blocks_per_full_request) == (4, 38)
+    blocks = result.options[0].num_blocks
+    assert choice.max_num_seqs * 4 <= blocks < (choice.max_num_seqs + 8) * 4
+    assert choice.max_num_seqs > 50  # 36 with 2 state blocks a group
+    # past one block (1,056 tokens) a running request may hold both states of a group
+    assert choose_max_num_seqs(result, 2000, 1024).blocks_per_workload_request == 2 + 3 * 2
+    runtime = Runtime(device="gpu", gpu_memory_gib=79.18, enable_prefix_caching=True)
+    linear = [g for g in kv_layout(arch, runtime, 768, running=True).groups if g.kind == "linear"]
+    assert [g.blocks_per_request for g in linear] == [1, 1, 1]
+    reserved = [g for g in kv_layout(arch, runtime, 768).groups if g.kind == "linear"]
+    assert [g.blocks_per_request for g in reserved] == [2, 2, 2]  # what vLLM reserves
+    off = Runtime(device="gpu", gpu_memory_gib=79.18, enable_prefix_caching=False)
+    assert [g.blocks_per_request for g in kv_layout(arch, off, 32768).groups][1:] == [1, 1, 1]
