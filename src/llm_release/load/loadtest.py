@@ -367,7 +367,7 @@ def _run_guidellm(
                 stdin=subprocess.DEVNULL,
             )
         except subprocess.TimeoutExpired as exc:
-            raise LoadTestError(f"GuideLLM ran longer than {budget:.0f}s; see {log_path}") from exc
+            raise GuideLLMHung(f"GuideLLM ran longer than {budget:.0f}s; see {log_path}") from exc
     if proc.returncode != 0 and NOTHING_MEASURED in log_path.read_text(errors="replace"):
         # GuideLLM 0.8.1 closed a level before any request of it was recorded and then fails
         # compiling that level's metrics (seen at 2 requests a level with two test workers
@@ -398,6 +398,10 @@ def _run_guidellm(
     return levels
 
 
+class GuideLLMHung(LoadTestError):
+    """GuideLLM ran past its levels' time limits plus two minutes and was stopped."""
+
+
 def run_load_test(
     base_url: str,
     served_name: str,
@@ -412,7 +416,10 @@ def run_load_test(
     prompts: list[Messages] | None = None,
 ) -> LoadResult:
     """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
-    times in all, and the fullest measurement of each level is kept. ``request_body``:
+    times in all, and the fullest measurement of each level is kept. A run GuideLLM hung in
+    (past its time limits: seen once in many on a loaded 2-core CI machine, a 3-second level
+    still running after 123 s) is stopped and its levels run again, once; a second hang fails
+    the load test. ``request_body``:
     fields every request carries (``reasoning.request_body``: the thinking switch). With
     ``slo``, GuideLLM also reports each level's SLO attainment and request goodput.
     ``cpus``: the CPUs GuideLLM runs on (``placement.client_cpus``; None: anywhere).
@@ -425,25 +432,34 @@ def run_load_test(
     measured: dict[int, LoadLevel] = {}
     pending = list(profile.concurrencies)
     attempt = 0
+    hung = False
     # vLLM's prefix-cache counters read while GuideLLM runs: each level's hit rate
     with CacheSampler(base_url) as cache:
         while pending and attempt < max_attempts:
             attempt += 1
             suffix = "" if attempt == 1 else f"-attempt{attempt}"
             sweep = profile.model_copy(update={"concurrencies": pending})
-            for level in _run_guidellm(
-                base_url,
-                served_name,
-                tokenizer_dir,
-                sweep,
-                out_dir / f"guidellm{suffix}.json",
-                out_dir / f"guidellm{suffix}.log",
-                request_body=request_body,
-                slo=slo,
-                cpus=cpus,
-                cache=cache,
-                prompts_file=prompts_file,
-            ):
+            try:
+                found = _run_guidellm(
+                    base_url,
+                    served_name,
+                    tokenizer_dir,
+                    sweep,
+                    out_dir / f"guidellm{suffix}.json",
+                    out_dir / f"guidellm{suffix}.log",
+                    request_body=request_body,
+                    slo=slo,
+                    cpus=cpus,
+                    cache=cache,
+                    prompts_file=prompts_file,
+                )
+            except GuideLLMHung as exc:
+                if hung or attempt >= max_attempts:
+                    raise
+                hung = True
+                log.warning("%s: %s; running %s again", served_name, exc, pending)
+                continue
+            for level in found:
                 kept = measured.get(level.concurrency)
                 if kept is None or level.requests > kept.requests:
                     measured[level.concurrency] = level

@@ -94,6 +94,51 @@ def test_a_level_never_reported_fails_the_load_test(monkeypatch, tmp_path):
         loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
 
 
+def hangs_then(monkeypatch, answers: list) -> list[list[int]]:
+    """_run_guidellm stood in: each answer a run's levels, or the hang it raises."""
+    asked: list[list[int]] = []
+
+    def run(base_url, served_name, tokenizer_dir, profile, report_path, log_path, **kwargs):
+        asked.append(list(profile.concurrencies))
+        answer = answers[len(asked) - 1]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(loadtest, "_run_guidellm", run)
+    return asked
+
+
+def test_a_guidellm_run_that_hung_is_run_again_once(monkeypatch, tmp_path):
+    hang = loadtest.GuideLLMHung("GuideLLM ran longer than 123s; see g.log")
+    asked = hangs_then(monkeypatch, [hang, [level(1, 4), level(2, 4)]])
+    result = loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+    assert asked == [[1, 2], [1, 2]]  # every level of the run that hung, again
+    assert [(lv.concurrency, lv.requests) for lv in result.levels] == [(1, 4), (2, 4)]
+    assert result.attempts == 2
+
+
+def test_a_second_hang_fails_the_load_test(monkeypatch, tmp_path):
+    hang = loadtest.GuideLLMHung("GuideLLM ran longer than 123s; see g.log")
+    asked = hangs_then(monkeypatch, [[level(1, 2), level(2, 4)], hang, hang])
+    with pytest.raises(LoadTestError, match="ran longer than 123s"):
+        loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+    assert asked == [[1, 2], [1], [1]]
+
+
+def test_a_guidellm_past_its_budget_is_stopped_as_a_hang(monkeypatch, tmp_path):
+    import subprocess
+
+    def run(cmd, timeout, **kwargs):
+        raise subprocess.TimeoutExpired(cmd, timeout)
+
+    monkeypatch.setattr(loadtest.subprocess, "run", run)
+    with pytest.raises(loadtest.GuideLLMHung, match="ran longer than"):
+        loadtest._run_guidellm(
+            "http://x", "m", tmp_path, PROFILE, tmp_path / "g.json", tmp_path / "g.log"
+        )
+
+
 def guidellm_exiting(monkeypatch, output: str):
     """Replace only the subprocess: GuideLLM prints ``output`` and exits with 1."""
     import subprocess
