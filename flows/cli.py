@@ -17,6 +17,7 @@ from demo.demo_model import DEMO_REPO_ID
 from llm_release.config import ReleaseConfig
 from llm_release.errors import ReleaseError, one_line
 from llm_release.fileio import atomic_write_text
+from llm_release.fleet import QUEUE_PREFIX, checked_name
 
 
 class CliRun(BaseModel):
@@ -27,6 +28,7 @@ class CliRun(BaseModel):
     output: Path | None = None
     deployment: str | None = None
     deployment_timeout_s: int = 4 * 3600
+    home: str | None = None  # a fleet host: the run goes to its queue (host-<name>)
 
 
 def cli_config(description: str) -> CliRun:
@@ -55,12 +57,23 @@ def cli_config(description: str) -> CliRun:
         "a worker, as the UI does, and wait for it; default: run the flow in this process",
     )
     parser.add_argument(
+        "--home",
+        metavar="HOST",
+        help="with --deployment in a fleet: send the run to HOST's own queue (host-HOST), so "
+        "HOST's worker runs it and HOST is the release's home (default: the pool's default "
+        "queue, whichever worker polls it)",
+    )
+    parser.add_argument(
         "--deployment-timeout-s",
         type=int,
         default=CliRun.model_fields["deployment_timeout_s"].default,
     )
     args = parser.parse_args()
+    if args.home is not None and not args.deployment:
+        raise SystemExit("error: --home sends a deployment's run to a host (add --deployment)")
     try:
+        if args.home is not None:
+            checked_name(args.home)
         data = json.loads(args.config.read_text()) if args.config else {}
         if args.serving_backend:
             data["serving"] = data.get("serving", {}) | {"backend": args.serving_backend}
@@ -75,25 +88,50 @@ def cli_config(description: str) -> CliRun:
             output=args.output,
             deployment=args.deployment,
             deployment_timeout_s=args.deployment_timeout_s,
+            home=args.home,
         )
-    except (ValidationError, ValueError, OSError) as exc:
+    except (ValidationError, ValueError, OSError, ReleaseError) as exc:
         raise SystemExit(f"error: {one_line(exc)}") from None
 
 
-def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome_type):
-    """Start ``name`` with ``config`` as the UI's run form does, wait for a worker to run it,
-    and return its typed outcome (the flow's persisted result)."""
+def home_queue(home: str | None) -> str | None:
+    """The work queue that pins a run to fleet host ``home``: its ``host-<home>`` queue, which
+    must exist (a queue named in a run that no host joined would be made empty by the server,
+    and the run would wait there for a worker that never comes)."""
+    if home is None:
+        return None
+    from tasks.fleet import host_queues
+
+    joined = host_queues()
+    if home not in joined:
+        raise ReleaseError(
+            f"host {home!r} has not joined the fleet (hosts: {', '.join(joined) or 'none'})",
+            hint=f"on that host: make fleet-join HOST={home}",
+        )
+    return QUEUE_PREFIX + home
+
+
+def through_deployment(
+    name: str, config: ReleaseConfig, timeout_s: int, outcome_type, home: str | None = None
+):
+    """Start ``name`` with ``config`` as the UI's run form does (on fleet host ``home``'s
+    queue when given), wait for a worker to run it, and return its typed outcome (the flow's
+    persisted result)."""
     from prefect.deployments import run_deployment
     from prefect.exceptions import FlowRunWaitTimeout
     from prefect.flow_runs import wait_for_flow_run
     from prefect.settings import PREFECT_UI_URL
 
     try:
+        queue = home_queue(home)
         flow_run = run_deployment(
             name=name,
             parameters={"config": config.model_dump(mode="json")},
             timeout=0,
+            work_queue_name=queue,
         )
+    except ReleaseError:
+        raise
     except Exception as exc:  # noqa: BLE001 - a missing deployment or API, in one line
         raise ReleaseError(
             f"could not start deployment {name!r}: {one_line(exc)}",
@@ -107,7 +145,9 @@ def through_deployment(name: str, config: ReleaseConfig, timeout_s: int, outcome
     except FlowRunWaitTimeout:
         raise ReleaseError(
             f"run {flow_run.name} is not finished after {timeout_s} s",
-            hint="is a worker running on pool 'llm-release'? ('make worker-up')",
+            hint=f"is host {home}'s worker running? ('make fleet-join HOST={home}' on it)"
+            if home
+            else "is a worker running on pool 'llm-release'? ('make worker-up')",
         ) from None
     if not flow_run.state.is_completed():
         raise ReleaseError(
@@ -132,7 +172,7 @@ def run_cli(flow_fn, run: CliRun, outcome_type) -> None:
     try:
         if run.deployment:
             outcome = through_deployment(
-                run.deployment, run.config, run.deployment_timeout_s, outcome_type
+                run.deployment, run.config, run.deployment_timeout_s, outcome_type, run.home
             )
         else:
             outcome = flow_fn(run.config)

@@ -12,7 +12,14 @@ from typing import Any
 import httpx
 
 from llm_release.errors import ConfigError
-from llm_release.fleet import HOST_NAME, POOL, QUEUE_PREFIX, VARIABLE_PREFIX, HostCard
+from llm_release.fleet import (
+    HOST_NAME,
+    POOL,
+    QUEUE_PREFIX,
+    VARIABLE_PREFIX,
+    HostCard,
+    wrong_home,
+)
 from llm_release.hub.handover import FleetHub, fleet_hub
 from llm_release.settings import env_name, settings
 from tasks.slots import limit_name
@@ -45,6 +52,36 @@ def host_queues() -> list[str]:
             return []
     names = [q.name.removeprefix(QUEUE_PREFIX) for q in queues if q.name.startswith(QUEUE_PREFIX)]
     return sorted(n for n in names if HOST_NAME.fullmatch(n))
+
+
+def check_home() -> None:
+    """Refuse a release run that a worker of another host took from its home's queue
+    (``llm_release.fleet.wrong_home``): measured there, its slots, GPU claims and
+    hand-overs would be another host's. A run outside a deployment has no queue."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    run = context.flow_run if context else None
+    queue = run.work_queue_name if run else None
+    if run is not None and queue is None and run.parent_task_run_id is not None:
+        queue = root_queue()  # a release inside a model-update: the queue its run came from
+    why = wrong_home(queue, settings().host_name)
+    if why:
+        home = queue.removeprefix(QUEUE_PREFIX)
+        raise ConfigError(
+            why,
+            hint=f"only host {home}'s worker polls {queue}: start it there with 'make "
+            f"fleet-join HOST={home}', and give no other worker that queue",
+        )
+
+
+def root_queue() -> str | None:
+    """The work queue of the flow run this subflow runs in (a subflow's own run has none)."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run.root_flow_run_id).work_queue_name
 
 
 def release_fleet() -> list[HostCard]:

@@ -9,7 +9,7 @@ from llm_release.hub.credentials import HubToken
 from llm_release.serving.capacity import fleet_fits, plan_release, read_release_model
 from llm_release.settings import settings
 from llm_release.sizing import CapacityPlan
-from tasks.fleet import fleet_hub_access, release_fleet
+from tasks.fleet import check_home, fleet_hub_access, release_fleet
 
 
 @task(name="plan", cache_policy=NO_CACHE)
@@ -20,6 +20,7 @@ def plan_capacity(config: ReleaseConfig, token: HubToken | None = None) -> Capac
     (with a shared record), through the fleet's hub: a fleet that has none set is refused
     here, before the download."""
     logger = get_run_logger()
+    check_home()  # a run pinned to a fleet host is planned there or nowhere
     files = read_release_model(config, token)
     # on a host of a fleet, every host's card is planned too (docs/fleet.md)
     host, fleet, own = detect(), release_fleet(), settings().host_name

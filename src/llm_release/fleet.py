@@ -78,6 +78,19 @@ def checked_name(name: str) -> str:
     return name
 
 
+def wrong_home(queue: str | None, own: str | None) -> str | None:
+    """Why a release run must not go on here, or None: a run sent to host X's queue
+    (``host-X``, ``flows.release --deployment --home X``) pinned X as its home, and the worker
+    that took it is not X (another name, or none: a default worker polling every queue)."""
+    if not queue or not queue.startswith(QUEUE_PREFIX):
+        return None
+    sent = queue.removeprefix(QUEUE_PREFIX)
+    if sent == own:
+        return None
+    here = f"host {own!r}" if own else "a worker with no LLM_RELEASE_HOST_NAME"
+    return f"this run was sent to host {sent!r} (queue {queue}) but {here} took it"
+
+
 # ---------------------------------------------------------------- where each contender is measured
 
 

@@ -155,3 +155,70 @@ def test_no_prefect_api_is_one_line_saying_how_to_start_it(tmp_path):
     assert out.returncode == 2, out.stdout + out.stderr
     assert "did not answer" in out.stderr and "make prefect-up" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def release_runs(env: dict) -> list[str]:
+    """The work queue of every flow run the server holds."""
+    code = (
+        "import json; from prefect.client.orchestration import get_client\n"
+        "with get_client(sync_client=True) as c:\n"
+        "    print(json.dumps([r.work_queue_name for r in c.read_flow_runs()]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_a_release_sent_home_runs_on_that_hosts_worker_and_nowhere_else(prefect_api, tmp_path):
+    """``flows.release --deployment --home gpu_a`` sends the run to ``host-gpu_a``: only the
+    worker polling that queue takes it, and one whose host name is not gpu_a refuses it in
+    the plan stage (a misconfigured worker would measure with another host's slots)."""
+    env = prefect_api | {"LLM_RELEASE_PROJECT": str(ROOT)}
+    assert fleet(env, "join", "gpu_a", "--gpus", "1", "--gpu-memory-gib", "80").returncode == 0
+    deployed = subprocess.run(
+        [str(PREFECT), "--no-prompt", "deploy", "--name", "release"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+
+    def send(home: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "flows.release", "--deployment", "release/release"]
+            + ["--home", home, "--deployment-timeout-s", "240"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    # a host that never joined: one line, and no run made on a queue nobody polls
+    refused = send("gpu_z")
+    assert refused.returncode != 0
+    assert "host 'gpu_z' has not joined the fleet (hosts: gpu_a)" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert release_runs(env) == []
+
+    # gpu_a's queue polled by a worker that says it is gpu_b
+    worker = subprocess.Popen(
+        [str(PREFECT), "worker", "start", "--pool", "llm-release"]
+        + ["--work-queue", "host-gpu_a", "--name", "gpu_a"],
+        cwd=ROOT,
+        env=env | {"LLM_RELEASE_HOST_NAME": "gpu_b", "LLM_RELEASE_HOME": str(tmp_path / "b")},
+        stdout=open(tmp_path / "worker.log", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        sent = send("gpu_a")
+    finally:
+        stop_process_group(worker.pid, grace_s=10)
+    log = (tmp_path / "worker.log").read_text(errors="replace")
+    assert release_runs(env) == ["host-gpu_a"]
+    assert sent.returncode != 0, sent.stdout[-2000:] + log[-3000:]
+    assert "ended Failed" in sent.stderr, sent.stderr + log[-3000:]
+    assert "sent to host 'gpu_a' (queue host-gpu_a) but host 'gpu_b' took it" in log, log[-4000:]

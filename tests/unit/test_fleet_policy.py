@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from llm_release.errors import ConfigError
-from llm_release.fleet import Seat, place, seat_now, seat_queued
+from llm_release.fleet import Seat, place, seat_now, seat_queued, wrong_home
 
 HOME = "gpu_a"
 
@@ -214,3 +214,25 @@ def test_a_measurement_here_that_ended_gives_its_slots_back_to_the_queued():
     assert back.hosts["baseline"] == HOME and back.waiting == [] and back.queued == []
     # never more than home has free now
     assert seat_queued(placed, {HOME: 0, "gpu_b": 0}, ended=1).waiting == placed.waiting
+
+
+# ---------------------------------------------------------------- a release pinned to its home
+
+
+@pytest.mark.parametrize(
+    ("queue", "own", "refused"),
+    [
+        (None, None, False),  # in this process: no queue
+        ("default", None, False),  # the pool's default queue: any worker is home
+        ("default", "gpu_a", False),
+        ("host-gpu_a", "gpu_a", False),  # pinned, and its own worker took it
+        ("host-gpu_a", "gpu_b", True),  # another host's worker polls gpu_a's queue
+        ("host-gpu_a", None, True),  # a worker with no host name polls it
+    ],
+)
+def test_a_release_pinned_to_a_host_runs_on_that_hosts_worker_only(queue, own, refused):
+    why = wrong_home(queue, own)
+    assert (why is not None) == refused
+    if refused:
+        assert "sent to host 'gpu_a' (queue host-gpu_a)" in why
+        assert ("'gpu_b'" in why) == (own == "gpu_b")

@@ -134,3 +134,44 @@ def test_a_credentials_block_that_is_not_saved_is_refused_in_one_line(monkeypatc
     monkeypatch.setattr(HubCredentials, "load", lambda name: saved)
     hub = fleet.fleet_hub_access()
     assert hub.token is not None and hub.token.token.get_secret_value() == "hf_write"
+
+
+def run_on_queue(monkeypatch, queue, parent=None):
+    """The release as a worker runs it: its flow run came from ``queue`` (a subflow, run
+    inside ``parent``'s task, has none of its own)."""
+    import prefect.context
+
+    flow_run = SimpleNamespace(work_queue_name=queue, parent_task_run_id=parent)
+    monkeypatch.setattr(
+        prefect.context.FlowRunContext,
+        "get",
+        classmethod(lambda cls: SimpleNamespace(flow_run=flow_run)),
+    )
+
+
+def test_a_run_sent_to_another_hosts_queue_is_refused_before_the_plan(monkeypatch):
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_b")
+    run_on_queue(monkeypatch, "host-gpu_a")
+    with pytest.raises(ConfigError) as refused:
+        fleet.check_home()
+    assert "host 'gpu_a'" in str(refused.value) and "host 'gpu_b' took it" in str(refused.value)
+    assert "make fleet-join HOST=gpu_a" in refused.value.hint
+
+
+def test_a_run_on_its_own_hosts_queue_or_outside_a_deployment_goes_on(monkeypatch):
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_a")
+    run_on_queue(monkeypatch, "host-gpu_a")
+    fleet.check_home()
+    monkeypatch.undo()
+    monkeypatch.delenv("LLM_RELEASE_HOST_NAME", raising=False)
+    fleet.check_home()  # no flow run context at all: run in this process
+
+
+def test_a_release_inside_a_model_update_is_checked_against_the_updates_queue(monkeypatch):
+    monkeypatch.setenv("LLM_RELEASE_HOST_NAME", "gpu_b")
+    run_on_queue(monkeypatch, None, parent="a-task-run")
+    monkeypatch.setattr(fleet, "root_queue", lambda: "host-gpu_a")
+    with pytest.raises(ConfigError, match="sent to host 'gpu_a'"):
+        fleet.check_home()
+    monkeypatch.setattr(fleet, "root_queue", lambda: "host-gpu_b")
+    fleet.check_home()
