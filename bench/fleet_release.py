@@ -11,8 +11,8 @@ publish-demo, hub serve) as the source and as the fleet's hub, then per run:
 - ``one``: one host, outside a fleet: a worker on the pool's default queue, no
   LLM_RELEASE_HOST_NAME; the release through the ``release`` deployment (as make demo).
 - ``two``: two hosts joined (python -m flows.fleet join, as make fleet-join): host_a (home:
-  its worker polls host-host_a and the default queue, where the release deployment's run
-  goes) and host_b (its worker polls host-host_b), each with its own LLM_RELEASE_HOME,
+  the release is sent to its queue, ``flows.release --deployment release/release --home
+  host_a``) and host_b, each worker polling its own queue alone, each with its own LLM_RELEASE_HOME,
   router port and LLM_RELEASE_HOST_NAME, the record one PostgreSQL database, the demo hub
   as the fleet's hub (a HubCredentials block with its write token).
 - ``kill``: ``two`` again, and host_b's worker process group (and every process of host_b's
@@ -333,9 +333,7 @@ class Bench:
                 self.run(
                     [PY, "-m", "flows.fleet", "join", host], env, log=f"{label}-join-{host}.log"
                 )
-                queues = ["--work-queue", f"host-{host}"]
-                if host == HOSTS[0]:  # home: the release deployment's run lands here too
-                    queues += ["--work-queue", "default"]
+                queues = ["--work-queue", f"host-{host}"]  # home's takes the release (--home)
                 workers[host] = self.start(
                     f"worker-{label}-{host}",
                     [PREFECT, "worker", "start", "--pool", "llm-release", *queues, "--name", host],
@@ -383,7 +381,8 @@ class Bench:
         proc = subprocess.run(
             [PY, "-m", "flows.release", "--deployment", "release/release"]
             + ["--hub-endpoint", self.hub, "--config", config_path, "--output", output]
-            + ["--deployment-timeout-s", "5400"],
+            + ["--deployment-timeout-s", "5400"]
+            + (["--home", HOSTS[0]] if fleet else []),
             cwd=ROOT,
             env={k: str(v) for k, v in release_env.items()},
             capture_output=True,
