@@ -1,7 +1,8 @@
 """The ``measure`` deployment: one contender of a release measured on the host whose worker
 runs it (the fleet, docs/fleet.md). A release host sends it to a host's own queue
 (``host-<name>``) with a ``MeasureOrder``; this host receives the candidate through the hub
-(every file proven against the hashes the order carries), probes its own runtime, then
+(every file proven against the hashes the order carries; a baseline from the release's own
+source, at the commit the release host acquired), probes its own runtime, then
 serves, evaluates and load-tests it as the release host would. The result goes to the
 record (``measurements.of_run``), where the release host reads it; a failed measurement is
 this run's Failed state, with its first line."""

@@ -9,13 +9,13 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
 from flows.cli import cli_config, run_cli
-from flows.release import ReleaseOutcome, hub_access, release
+from flows.release import ReleaseOutcome, release
 from llm_release import registry
 from llm_release.canary.promote import release_alive
 from llm_release.config import ReleaseConfig
 from llm_release.decision import decisions
 from llm_release.reporting.lineage import shown
-from tasks.acquire import resolve_revision
+from tasks.acquire import hub_access, resolve_revision
 from tasks.states import completed_with_failures
 
 

@@ -14,21 +14,17 @@ from prefect.futures import PrefectFuture
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
-from blocks.hub import HubCredentials
 from flows.canary import install_alerts, walk_canary
 from flows.cli import cli_config, run_cli
 from flows.review import ask_reviewer
 from llm_release import paths, registry
 from llm_release.canary.rollout import RolloutOutcome
-from llm_release.config import ReleaseConfig, SourceConfig
+from llm_release.config import ReleaseConfig
 from llm_release.decision import decisions
 from llm_release.decision.contenders import Contender, list_contenders
 from llm_release.decision.select import deploy_targets
-from llm_release.errors import ConfigError
 from llm_release.fleet import Placement
-from llm_release.hub import credentials
 from llm_release.hub.acquire import Acquired
-from llm_release.hub.credentials import HubToken
 from llm_release.load.loadtest import slo_for
 from llm_release.preflight import check
 from llm_release.registry import RegistryState, Release
@@ -37,7 +33,7 @@ from llm_release.results import CandidateResult, Decision, DeployTarget
 from llm_release.serving.backends import sweep_containers
 from llm_release.serving.capacity import as_planned
 from llm_release.serving.probe import HostSupport
-from tasks.acquire import acquire_model
+from tasks.acquire import acquire_model, hub_access
 from tasks.candidate import measure_contender
 from tasks.decide import select_winner
 from tasks.dispatch import place_contenders, seat_when_free, send_away
@@ -167,36 +163,6 @@ def start_run(config: ReleaseConfig) -> tuple[str, Path]:
     run_dir = paths.runs_dir() / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_id, run_dir
-
-
-def hub_access(source: SourceConfig) -> tuple[SourceConfig, HubToken | None]:
-    """The source's endpoint past the endpoint policy, and with a saved block the block's
-    token bound to the block's own endpoint: a run form that names another endpoint with
-    the block is refused here, before any request. Never the environment."""
-    block = HubCredentials.load(source.credentials_block) if source.credentials_block else None
-    return bind_hub_access(source, block)
-
-
-def bind_hub_access(
-    source: SourceConfig, block: HubCredentials | None
-) -> tuple[SourceConfig, HubToken | None]:
-    if source.hub == "local":
-        return source, None
-    token = None
-    if block is not None:
-        if source.hub == "modelscope" and not block.endpoint:
-            raise ConfigError(
-                f"credentials block {source.credentials_block!r} names no endpoint (it is for "
-                "huggingface.co) and the source is a ModelScope hub",
-                hint="save a block with the ModelScope endpoint its token is for",
-            )
-        endpoint, token = credentials.saved_token(
-            source.endpoint, block.endpoint, block.token, block=source.credentials_block or ""
-        )
-        source = source.model_copy(update={"endpoint": endpoint})
-    if source.endpoint:
-        credentials.check_hub_endpoint(source.endpoint)
-    return source, token
 
 
 def quantize_contenders(

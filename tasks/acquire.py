@@ -7,10 +7,53 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 
+from blocks.hub import HubCredentials
 from llm_release.config import SourceConfig
+from llm_release.errors import ConfigError
+from llm_release.hub import credentials
 from llm_release.hub.acquire import Acquired, acquire, check_repo_contract, resolve
 from llm_release.hub.credentials import HubToken
 from llm_release.hub.handover import Handover, receive
+
+
+def hub_access(source: SourceConfig) -> tuple[SourceConfig, HubToken | None]:
+    """The source's endpoint past the endpoint policy, and with a saved block the block's
+    token bound to the block's own endpoint: a run form (or a measure order) that names
+    another endpoint with the block is refused here, before any request. Never the
+    environment."""
+    name = source.credentials_block
+    try:
+        block = HubCredentials.load(name) if name else None
+    except ValueError:  # Prefect's answer for a block that is not saved
+        raise ConfigError(
+            f"source.credentials_block: no HubCredentials block {name!r} is saved on this "
+            "host's Prefect server",
+            hint="save the block (the hub's endpoint and a read token) on the Prefect server "
+            "every host of the fleet uses, or fix source.credentials_block",
+        ) from None
+    return bind_hub_access(source, block)
+
+
+def bind_hub_access(
+    source: SourceConfig, block: HubCredentials | None
+) -> tuple[SourceConfig, HubToken | None]:
+    if source.hub == "local":
+        return source, None
+    token = None
+    if block is not None:
+        if source.hub == "modelscope" and not block.endpoint:
+            raise ConfigError(
+                f"credentials block {source.credentials_block!r} names no endpoint (it is for "
+                "huggingface.co) and the source is a ModelScope hub",
+                hint="save a block with the ModelScope endpoint its token is for",
+            )
+        endpoint, token = credentials.saved_token(
+            source.endpoint, block.endpoint, block.token, block=source.credentials_block or ""
+        )
+        source = source.model_copy(update={"endpoint": endpoint})
+    if source.endpoint:
+        credentials.check_hub_endpoint(source.endpoint)
+    return source, token
 
 
 @task(name="acquire", retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
@@ -64,12 +107,22 @@ def resolve_revision(source: SourceConfig, token: HubToken | None = None) -> str
 def receive_candidate(handover: Handover) -> Path:
     """A candidate another host handed over through the hub, on this host: its commit
     downloaded (every file proven), then held to the hashes the hand-over carried. The
-    token is the one saved for that hub (``credentials.token_for``), never a parameter's."""
-    folder = receive(handover)
+    token is the one saved for that hub (``credentials.token_for``), never a parameter's.
+
+    A baseline fetched from the release's source (``handover.upstream``) comes from there:
+    the source's credentials block, named in the order, is loaded here (the fleet's Prefect
+    server) and its token bound to the block's own endpoint as the release host binds it
+    (``hub_access``: an order naming another endpoint with it is refused, and the endpoint
+    policy applies), then the download is held to the hashes the release host proved."""
+    token = None
+    if handover.upstream is not None:
+        _, token = hub_access(handover.source())
+    folder = receive(handover, token=token)
     get_run_logger().info(
-        "%s@%s received and proven: %d files in %s",
+        "%s@%s %s and proven: %d files in %s",
         handover.repo_id,
         handover.commit[:12],
+        f"fetched from {handover.endpoint}" if handover.upstream else "received",
         len(handover.files),
         folder,
     )

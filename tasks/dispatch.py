@@ -6,9 +6,10 @@ one seated elsewhere over through the fleet's hub and sends it as a flow run of 
 dispatch: no queue of ours), nested under this task in the UI, its result read back from
 the record. Only a host that joined is sent to: Prefect makes a queue nobody polls for an
 unknown name, and the run would wait there for ever. The candidate goes first to the fleet's
-hub (``hand_over_contender``), whence the measuring host downloads it. A contender queued
-here while every host it fits is full waits for the first of them to free a slot
-(``seat_when_free``)."""
+hub (``hand_over_contender``), whence the measuring host downloads it; the baseline of a
+release whose source is a hub is fetched by the measuring host from that source instead
+(``LLM_RELEASE_FLEET_BASELINE``). A contender queued here while every host it fits is full
+waits for the first of them to free a slot (``seat_when_free``)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,20 @@ from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State
 from prefect.futures import PrefectFuture
 
-from llm_release.config import ReleaseConfig
+from llm_release.config import ReleaseConfig, SourceConfig
 from llm_release.decision import measurements, remote
 from llm_release.decision.contenders import Contender
 from llm_release.decision.remote import MeasureOrder, OrderedContender
 from llm_release.errors import ConfigError, ReleaseError, StateError, one_line
 from llm_release.fleet import QUEUE_PREFIX, Placement, Seat, checked_name, place, seat_queued
 from llm_release.hub.acquire import Acquired
-from llm_release.hub.handover import FleetHub, Handover, hand_over
+from llm_release.hub.handover import (
+    FleetHub,
+    Handover,
+    from_upstream,
+    hand_over,
+    upstream_handover,
+)
 from llm_release.load.loadtest import slo_for
 from llm_release.quantization.quantize import RECORD
 from llm_release.results import CandidateResult
@@ -336,31 +343,36 @@ def send_away(
 ) -> dict[str, PrefectFuture | State]:
     """Each contender placed on another host handed over through the fleet's hub (all at
     once), then sent to its host's queue (``measure_on_host``), with the other hosts it fits
-    (home last) to measure it on should its host be lost. One whose hand-over failed is a
-    failed result naming why; it is not sent."""
+    (home last) to measure it on should its host be lost. The baseline of a release whose
+    source is a hub is not handed over (``from_upstream``, unless the operator keeps
+    hand-overs): its host fetches it from that source at the commit acquired here, held to
+    the hashes proven here (``upstream_handover``). One whose hand-over failed is a failed
+    result naming why; it is not sent."""
     ordered = {c.name: OrderedContender.of(c) for c in contenders}  # held to the order's rules
+    mode = settings().fleet_baseline
+    upstream = {c.name for c in contenders if from_upstream(c.role, config.source.hub, mode)}
     handovers = {
         c.name: hand_over_contender.submit(c, hub, run_id, acquired.repo_id, acquired.commit)
         for c in contenders
+        if c.name not in upstream
     }
     sent: dict[str, PrefectFuture | State] = {}
     for c in contenders:
         where = placed.hosts[c.name]
-        state = settled(handovers[c.name])
-        handover = state.result(raise_on_failure=False)
-        if not isinstance(handover, Handover):
-            why = f"not handed over to the fleet's hub for host {where}: " + (
-                one_line(handover) if isinstance(handover, BaseException) else str(state.name)
-            )
+        if c.name in upstream:
+            handover = _from_source(c, config.source, acquired, where)
+        else:
+            handover = _handed_over(handovers[c.name], where)
+        if isinstance(handover, str):  # why it is not sent
             failed = CandidateResult(
                 name=c.name,
                 role=c.role,
                 scheme=c.scheme,
                 release_id=c.release_id,
                 status="failed",
-                error=why,
+                error=handover,
             )
-            sent[c.name] = failed_with(failed, f"{c.name}: {why}")
+            sent[c.name] = failed_with(failed, f"{c.name}: {handover}")
             continue
         order = MeasureOrder(
             run_id=run_id,
@@ -374,3 +386,36 @@ def send_away(
         )
         sent[c.name] = measure_on_host.submit(order, where, placed.spare.get(c.name, []))
     return sent
+
+
+def _handed_over(future: PrefectFuture, host: str) -> Handover | str:
+    """The contender's hand-over through the fleet's hub, or why there is none."""
+    state = settled(future)
+    handover = state.result(raise_on_failure=False)
+    if isinstance(handover, Handover):
+        return handover
+    return f"not handed over to the fleet's hub for host {host}: " + (
+        one_line(handover) if isinstance(handover, BaseException) else str(state.name)
+    )
+
+
+def _from_source(
+    contender: Contender, source: SourceConfig, acquired: Acquired, host: str
+) -> Handover | str:
+    """The baseline's order to fetch it from the release's source (nothing uploaded), or why
+    there is none."""
+    try:
+        handover = upstream_handover(source, acquired)
+    except (ReleaseError, ValueError) as exc:
+        return f"not to be fetched from the release's source by host {host}: {one_line(exc)}"
+    get_run_logger().info(
+        "%s: host %s fetches it from the release's source, %s@%s at %s (%d files, held to "
+        "the hashes proven here); nothing handed over",
+        contender.name,
+        host,
+        handover.repo_id,
+        handover.commit[:12],
+        handover.endpoint,
+        len(handover.files),
+    )
+    return handover

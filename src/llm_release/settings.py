@@ -47,6 +47,8 @@ LOCAL_ROOTS_HINT = (
     f"environment (absolute folders separated by '{os.pathsep}', e.g. /srv/models); "
     "a run names a folder inside one of them"
 )
+# How the baseline reaches another host of the fleet (LLM_RELEASE_FLEET_BASELINE)
+FleetBaseline = Literal["upstream", "handover"]
 _BOOLEAN = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 # NVLink multicast (NVLS) stays off in every process the project starts, containers
@@ -380,6 +382,21 @@ class Settings(BaseSettings):
             "hub; the block must be saved for LLM_RELEASE_FLEET_HUB_ENDPOINT, the only "
             "endpoint its token goes to. Unset: the environment's Hugging Face token where it "
             "may go (LLM_RELEASE_HF_TOKEN_ENDPOINTS), else none."
+        ),
+    )
+    fleet_baseline: FleetBaseline = Field(
+        "upstream",
+        **_describe(
+            "How the baseline (the unquantized model) reaches another host of the fleet that "
+            "measures it. upstream: that host downloads it from the release's source hub at "
+            "the commit this host acquired (the source's credentials block, by name, loaded "
+            "there) and holds it to the SHA-256 of every file this host proved; nothing is "
+            "uploaded. The default because the baseline is a release's largest folder (2 to 4 "
+            "times a quantized candidate) and the source already serves it, proven, at that "
+            "commit: a hand-over would upload it from here and keep a copy on the fleet's hub. "
+            "handover: published to the fleet's hub as a candidate is, for a fleet whose "
+            "measuring hosts do not reach the source's hub (air-gapped) or hold no token for "
+            "it. A local-folder source is always handed over."
         ),
     )
     slot_lease_s: float = Field(

@@ -11,7 +11,6 @@ import pytest
 
 from blocks.hub import HubCredentials
 from demo.hub_server import publish_repo
-from flows.release import bind_hub_access
 from llm_release.cli import main
 from llm_release.config import ReleaseConfig, SourceConfig
 from llm_release.errors import ConfigError
@@ -19,6 +18,7 @@ from llm_release.hub.acquire import TransferSettings, acquire, verify_dir
 from llm_release.hub.credentials import ALLOW_ENDPOINTS_ENV, TOKEN_ENDPOINTS_ENV, HubToken
 from llm_release.hub.hub_headers import read_hub
 from llm_release.serving.capacity import read_release_model
+from tasks.acquire import bind_hub_access
 from tests.faulty_hub import FaultyHub
 from tests.helpers import TINY_REPO
 

@@ -4,7 +4,8 @@ sends to the ``measure`` deployment, a flow run's parameter and so input like an
 The order names the contender (its name, role, scheme and serving settings, never a path
 on the sending host), the candidate's hand-over through the hub (``hub.handover``: the
 measuring host downloads that commit and proves every file against the hashes carried
-here), and what the release measures every contender with (its evaluation, load profile
+here; for the baseline of a release whose source is a hub, that source at the commit the
+release host acquired, with the name of its credentials block, never a token), and what the release measures every contender with (its evaluation, load profile
 and SLO). The measuring host serves, evaluates and load-tests it as the release host would
 (``tasks.candidate.measure_contender``), and its result comes back through the record
 (``measurements.of_run``: the run and the contender's name).

@@ -58,6 +58,9 @@ class Acquired:
     repo_id: str
     downloaded_bytes: int
     reused: bool
+    # where its files came from this time: the hub's URL (past the endpoint policy), or
+    # file://folder for a local source (None: not said, e.g. a folder stood in)
+    endpoint: str | None = None
 
 
 def check_target_path(path: Path) -> None:
@@ -293,6 +296,28 @@ def _matches(path: str, patterns: list[str]) -> bool:
     return any(fnmatch(path, p) for p in patterns)
 
 
+def selected(hashes: dict[str, str], allow_patterns: list[str] | None) -> dict[str, str]:
+    """The files of ``hashes`` (path: SHA-256) a source with ``allow_patterns`` downloads:
+    the same selection ``resolve`` makes of a listing. A folder of an earlier download of the
+    same commit may hold more (its manifest too): they are no part of this source."""
+    if not allow_patterns:
+        return dict(hashes)
+    return {p: sha for p, sha in hashes.items() if _matches(p, allow_patterns)}
+
+
+def proven_hashes(manifest_path: Path) -> dict[str, str]:
+    """Every file an acquire proved, with its SHA-256, as its manifest says (acquire hashed
+    each one as it proved it: read here rather than hashing the weights a second time)."""
+    try:
+        entries = json.loads(manifest_path.read_text())["files"]
+        return {str(e["path"]): str(e["sha256"]) for e in entries}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise AcquireError(
+            f"{manifest_path} is not a readable acquire manifest ({type(exc).__name__})",
+            hint="download the model again: its manifest was removed, edited or corrupted",
+        ) from None
+
+
 def _verify_existing(path: Path, remote: RemoteFile) -> tuple[str | None, str | None]:
     if not path.exists():
         return "missing", None
@@ -385,8 +410,17 @@ def acquire(
     verified = _verified_copies(
         manifest_path, model_dir, remote_files, max(settings.workers, os.cpu_count() or 1)
     )
+    endpoint = (
+        f"file://{source.local_path}"
+        if source.hub == "local"
+        else credentials.check_hub_endpoint(modelscope_endpoint(source))
+        if source.hub == "modelscope"
+        else credentials.hub_endpoint(source.endpoint)
+    )
     if len(verified) == len(remote_files):
-        return Acquired(model_dir, manifest_path, commit, source.repo_id, 0, reused=True)
+        return Acquired(
+            model_dir, manifest_path, commit, source.repo_id, 0, reused=True, endpoint=endpoint
+        )
 
     # The listed sizes still to fetch must fit the target's free space before a byte is written.
     disk.check_download(
@@ -395,13 +429,6 @@ def acquire(
     model_dir.mkdir(parents=True, exist_ok=True)
     if on_start is not None:
         on_start(sum(r.size or 0 for r in remote_files), len(remote_files))
-    endpoint = (
-        f"file://{source.local_path}"
-        if source.hub == "local"
-        else credentials.check_hub_endpoint(modelscope_endpoint(source))
-        if source.hub == "modelscope"
-        else credentials.hub_endpoint(source.endpoint)
-    )
     client = get_session()
     # A Hugging Face token is for a Hugging Face hub: ModelScope file URLs get none.
     headers = build_hf_headers(
@@ -509,7 +536,15 @@ def acquire(
         ],
     }
     atomic_write_json(manifest_path, manifest)
-    return Acquired(model_dir, manifest_path, commit, source.repo_id, downloaded, reused=False)
+    return Acquired(
+        model_dir,
+        manifest_path,
+        commit,
+        source.repo_id,
+        downloaded,
+        reused=False,
+        endpoint=endpoint,
+    )
 
 
 def verify_dir(model_dir: Path) -> list[str]:
