@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -358,25 +359,18 @@ def _run_guidellm(
             cpus,
         )
         try:
-            proc = subprocess.run(
-                cmd,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                timeout=budget,
-                stdin=subprocess.DEVNULL,
-            )
+            returncode = run_in_group(cmd, log_file, env, budget)
         except subprocess.TimeoutExpired as exc:
             raise GuideLLMHung(f"GuideLLM ran longer than {budget:.0f}s; see {log_path}") from exc
-    if proc.returncode != 0 and NOTHING_MEASURED in log_path.read_text(errors="replace"):
+    if returncode != 0 and NOTHING_MEASURED in log_path.read_text(errors="replace"):
         # GuideLLM 0.8.1 closed a level before any request of it was recorded and then fails
         # compiling that level's metrics (seen at 2 requests a level with two test workers
         # sharing 2 cores): the same as a level closed early, so it is run again.
         log.warning("%s: GuideLLM recorded no request of a level (%s)", served_name, log_path)
         return []
-    if proc.returncode != 0 or not report_path.exists():
+    if returncode != 0 or not report_path.exists():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-        raise LoadTestError(f"GuideLLM exited with {proc.returncode}; log tail:\n{tail}")
+        raise LoadTestError(f"GuideLLM exited with {returncode}; log tail:\n{tail}")
     report = read_report(report_path)
     levels = parse_report(report, profile.requests_per_level)
     if not levels:
@@ -396,6 +390,33 @@ def _run_guidellm(
             for level, bench in zip(levels, report.benchmarks, strict=True)
         ]
     return levels
+
+
+def run_in_group(cmd: list[str], log_file, env: dict, timeout_s: float) -> int:
+    """Run ``cmd`` in a session of its own (its output to ``log_file``) and return its exit
+    code; past ``timeout_s``, or on any interruption, stop the whole group: GuideLLM runs its
+    requests in worker processes, which a kill of its main process alone would leave behind
+    (holding CPU and connections while the next run starts)."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        return proc.wait(timeout=timeout_s)
+    finally:
+        if proc.returncode is None:  # timed out or interrupted: the group goes
+            for sig, grace_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace_s)
+                    break
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a worker that outlived its main process
 
 
 class GuideLLMHung(LoadTestError):

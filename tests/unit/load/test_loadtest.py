@@ -129,10 +129,10 @@ def test_a_second_hang_fails_the_load_test(monkeypatch, tmp_path):
 def test_a_guidellm_past_its_budget_is_stopped_as_a_hang(monkeypatch, tmp_path):
     import subprocess
 
-    def run(cmd, timeout, **kwargs):
-        raise subprocess.TimeoutExpired(cmd, timeout)
+    def run(cmd, log_file, env, timeout_s):
+        raise subprocess.TimeoutExpired(cmd, timeout_s)
 
-    monkeypatch.setattr(loadtest.subprocess, "run", run)
+    monkeypatch.setattr(loadtest, "run_in_group", run)
     with pytest.raises(loadtest.GuideLLMHung, match="ran longer than"):
         loadtest._run_guidellm(
             "http://x", "m", tmp_path, PROFILE, tmp_path / "g.json", tmp_path / "g.log"
@@ -141,13 +141,12 @@ def test_a_guidellm_past_its_budget_is_stopped_as_a_hang(monkeypatch, tmp_path):
 
 def guidellm_exiting(monkeypatch, output: str):
     """Replace only the subprocess: GuideLLM prints ``output`` and exits with 1."""
-    import subprocess
 
-    def run(cmd, stdout, **kwargs):
-        stdout.write(output.encode())
-        return subprocess.CompletedProcess(cmd, 1)
+    def run(cmd, log_file, env, timeout_s):
+        log_file.write(output.encode())
+        return 1
 
-    monkeypatch.setattr(loadtest.subprocess, "run", run)
+    monkeypatch.setattr(loadtest, "run_in_group", run)
 
 
 def test_a_level_with_no_request_recorded_is_run_again_not_failed(monkeypatch, tmp_path):
@@ -175,6 +174,37 @@ def test_any_other_guidellm_failure_fails_with_its_log_tail(monkeypatch, tmp_pat
 # at 1 and 4 streams, 8 requests each, on a busy 2-core host (per-request records dropped to
 # keep the file small).
 WITH_SLO = loadtest.read_report(DATA / "guidellm_slo_report.json")
+
+
+def alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return state != "Z"  # a zombie has stopped
+
+
+def test_a_run_past_its_time_is_stopped_with_every_process_it_started(tmp_path):
+    """A real process tree (a main process and a worker it forked, as GuideLLM's): past
+    the time limit both are gone, not only the main one."""
+    import subprocess
+
+    pids = tmp_path / "pids"
+    script = f"sleep 300 & echo $! > {pids}; echo started; wait"
+    with (tmp_path / "g.log").open("wb") as log_file, pytest.raises(subprocess.TimeoutExpired):
+        loadtest.run_in_group(["sh", "-c", script], log_file, {"PATH": "/usr/bin:/bin"}, 2)
+    worker = int(pids.read_text())
+    assert not alive(worker)
+    assert (tmp_path / "g.log").read_text() == "started\n"
+
+
+def test_a_run_that_ends_in_time_gives_its_exit_code(tmp_path):
+    with (tmp_path / "g.log").open("wb") as log_file:
+        code = loadtest.run_in_group(["sh", "-c", "echo hi; exit 3"], log_file, {}, 30)
+    assert code == 3 and (tmp_path / "g.log").read_text() == "hi\n"
 
 
 def test_guidellm_is_given_the_slo_and_its_attainment_is_read_back():
