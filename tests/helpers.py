@@ -1,6 +1,7 @@
 import contextvars
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +30,15 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
 
     stop_process_group(proc.pid, grace_s=grace_s)
     proc.wait(10)
+
+
+def prefect_deploy(env: dict, *names: str, root: Path) -> None:
+    """``prefect deploy --name NAME ...`` of prefect.yaml in ``root`` against ``env``'s API."""
+    args = [str(Path(sys.executable).parent / "prefect"), "--no-prompt", "deploy"]
+    for name in names:
+        args += ["--name", name]
+    done = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def marked_env(home: Path | None = None) -> dict[str, str]:

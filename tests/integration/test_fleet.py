@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from llm_release.serving.serve import free_port, stop_process_group
+from tests.helpers import prefect_deploy
 
 pytestmark = pytest.mark.integration
 
@@ -175,15 +176,7 @@ def test_a_release_sent_home_runs_on_that_hosts_worker_and_nowhere_else(prefect_
     the plan stage (a misconfigured worker would measure with another host's slots)."""
     env = prefect_api | {"LLM_RELEASE_PROJECT": str(ROOT)}
     assert fleet(env, "join", "gpu_a", "--gpus", "1", "--gpu-memory-gib", "80").returncode == 0
-    deployed = subprocess.run(
-        [str(PREFECT), "--no-prompt", "deploy", "--name", "release"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    prefect_deploy(env, "release", root=ROOT)
 
     def send(home: str) -> subprocess.CompletedProcess:
         return subprocess.run(

@@ -19,6 +19,7 @@ import pytest
 
 from demo.hub_server import HubServer
 from llm_release.serving.serve import stop_process_group
+from tests.helpers import prefect_deploy
 
 pytestmark = pytest.mark.integration
 
@@ -99,15 +100,7 @@ def test_a_contender_is_measured_by_the_host_whose_queue_it_was_sent_to(
             text=True,
         )
         assert joined.returncode == 0, joined.stderr
-    deployed = subprocess.run(
-        [str(PREFECT), "--no-prompt", "deploy", "--name", "measure"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert deployed.returncode == 0, deployed.stdout[-3000:] + deployed.stderr[-3000:]
+    prefect_deploy(env, "measure", root=ROOT)
     host_b = tmp_path / "host-b"
     worker = subprocess.Popen(
         [str(PREFECT), "worker", "start", "--pool", "llm-release"]
