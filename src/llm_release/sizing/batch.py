@@ -85,9 +85,10 @@ def choose_max_num_seqs(plan: CapacityPlan, workload_tokens: int, cap: int) -> B
     # block a group only past a block boundary), against what vLLM reserves at max_model_len
     work = kv_layout(plan.arch, runtime, length, running=True)
     blocks = option.num_blocks
+    usable = blocks - 1  # vLLM's BlockPool keeps block 0 as its null block, never handed out
 
     def holds(seqs: int) -> bool:
-        left = blocks - extra_blocks(plan, runtime, seqs, full.bytes_per_block)
+        left = usable - extra_blocks(plan, runtime, seqs, full.bytes_per_block)
         return left >= full.blocks_per_request and left >= seqs * work.blocks_per_request
 
     lo, hi = 0, max(1, cap)

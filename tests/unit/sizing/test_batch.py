@@ -16,6 +16,7 @@ from llm_release.sizing.batch import (
     vllm_default_max_num_seqs,
 )
 from llm_release.sizing.kv import Runtime, kv_layout
+from llm_release.sizing.planner import request_runtime
 
 DATA = Path(__file__).parents[1] / "data" / "gpu"
 H200_GIB = 139.80
@@ -102,13 +103,8 @@ def test_a_model_that_does_not_hold_one_sequence_gets_one(util):
     assert choice.max_num_seqs == 1 and "does not hold one sequence" in choice.reason
 
 
-def test_a_hybrid_served_with_prefix_caching_counts_the_state_blocks_a_running_request_holds():
-    """vLLM 0.26, mamba_cache_mode align (the project serves with prefix caching on): a
-    768-token request holds 1 attention block (of 1,056 tokens) and 1 state block in each of
-    the 3 Gated DeltaNet groups, 4 in all; it takes a second state block a group only while
-    it crosses a block boundary, and vLLM reserves that second one for a max_model_len
-    request (38). Counting 2 a group at 768 tokens gave 7 and 36 sequences on one H100,
-    where 100 streams then queued (TTFT p95 13.4 s, 2026-12-07)."""
+def hybrid_on_one_h100():
+    """Qwen3.5-35B-A3B's shape on one H100 at 0.9 and 32k, prefix caching on (align mode)."""
     arch = parse_config(json.loads((DATA / "qwen3.5-35b-a3b-shape.config.json").read_text()))
     request = PlanRequest(
         device="gpu",
@@ -120,7 +116,18 @@ def test_a_hybrid_served_with_prefix_caching_counts_the_state_blocks_a_running_r
         max_num_seqs=1,
         vllm_version="0.26.0",
     )
-    result = plan(arch, estimate_weights(arch, "bf16"), request)
+    return plan(arch, estimate_weights(arch, "bf16"), request)
+
+
+def test_a_hybrid_served_with_prefix_caching_counts_the_state_blocks_a_running_request_holds():
+    """vLLM 0.26, mamba_cache_mode align (the project serves with prefix caching on): a
+    768-token request holds 1 attention block (of 1,056 tokens) and 1 state block in each of
+    the 3 Gated DeltaNet groups, 4 in all; it takes a second state block a group only while
+    it crosses a block boundary, and vLLM reserves that second one for a max_model_len
+    request (38). Counting 2 a group at 768 tokens gave 7 and 36 sequences on one H100,
+    where 100 streams then queued (TTFT p95 13.4 s, 2026-12-07)."""
+    result = hybrid_on_one_h100()
+    arch = result.arch
     choice = choose_max_num_seqs(result, 768, 1024)
     assert (choice.blocks_per_workload_request, choice.blocks_per_full_request) == (4, 38)
     blocks = result.options[0].num_blocks
@@ -135,3 +142,20 @@ def test_a_hybrid_served_with_prefix_caching_counts_the_state_blocks_a_running_r
     assert [g.blocks_per_request for g in reserved] == [2, 2, 2]  # what vLLM reserves
     off = Runtime(device="gpu", gpu_memory_gib=79.18, enable_prefix_caching=False)
     assert [g.blocks_per_request for g in kv_layout(arch, off, 32768).groups][1:] == [1, 1, 1]
+
+
+def test_the_null_block_is_never_handed_out():
+    """vLLM's BlockPool keeps block 0 as its null block (v1/core/block_pool.py): a KV cache of
+    exactly k requests' blocks admits k - 1 of them, and one block more admits k."""
+    result = hybrid_on_one_h100()
+    runtime = request_runtime(result.arch, result.request, 1)
+    k = choose_max_num_seqs(result, 768, 1024).max_num_seqs
+    per_block = kv_layout(result.arch, runtime, result.max_model_len).bytes_per_block
+    exact = k * 4 + extra_blocks(result, runtime, k, per_block)
+
+    def with_blocks(n: int):
+        option = result.options[0].model_copy(update={"num_blocks": n})
+        return result.model_copy(update={"options": [option]})
+
+    assert choose_max_num_seqs(with_blocks(exact), 768, 1024).max_num_seqs == k - 1
+    assert choose_max_num_seqs(with_blocks(exact + 1), 768, 1024).max_num_seqs == k
