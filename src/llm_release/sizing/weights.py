@@ -290,18 +290,21 @@ def attention_layer_params(arch: ModelArch) -> int:
     return h * nh * hd * gate + 2 * h * nkv * hd + nh * hd * h
 
 
+def moe_layer_params(arch: ModelArch) -> tuple[int, int, int]:
+    """One MoE layer's parameters: its routed experts, its shared expert, its router."""
+    moe, h = arch.moe, arch.hidden_size
+    assert moe is not None
+    experts = moe.num_experts * 3 * h * moe.moe_intermediate_size
+    return experts, 3 * h * moe.shared_intermediate_size, h * moe.num_experts
+
+
 def mtp_params(arch: ModelArch) -> int:
     """The multi-token-prediction layers vLLM loads for MTP speculation: each a decoder
     layer (full attention, the model's MoE or MLP), the projection of [embedding; hidden]
     back to hidden and its norms. The drafter shares the model's embedding and lm_head
     (vLLM's proposer takes the target's), so neither is counted again."""
     h = arch.hidden_size
-    if arch.moe:
-        moe = arch.moe
-        mlp = moe.num_experts * 3 * h * moe.moe_intermediate_size
-        mlp += 3 * h * moe.shared_intermediate_size + h * moe.num_experts
-    else:
-        mlp = 3 * h * arch.intermediate_size
+    mlp = sum(moe_layer_params(arch)) if arch.moe else 3 * h * arch.intermediate_size
     return arch.mtp_layers * (attention_layer_params(arch) + mlp + 2 * h * h + 5 * h)
 
 
@@ -328,12 +331,10 @@ def estimate_params(arch: ModelArch) -> ParamCounts:
     mlp = experts = router = 0
     layers = arch.num_layers
     if arch.moe:
-        moe = arch.moe
-        moe_layers = layers - moe.dense_layers
-        experts = moe_layers * moe.num_experts * 3 * h * moe.moe_intermediate_size
-        mlp = moe.dense_layers * 3 * h * arch.intermediate_size
-        mlp += moe_layers * 3 * h * moe.shared_intermediate_size
-        router = moe_layers * h * moe.num_experts
+        moe_layers = layers - arch.moe.dense_layers
+        per_experts, per_shared, per_router = moe_layer_params(arch)
+        experts, router = moe_layers * per_experts, moe_layers * per_router
+        mlp = arch.moe.dense_layers * 3 * h * arch.intermediate_size + moe_layers * per_shared
     else:
         mlp = layers * 3 * h * arch.intermediate_size
     small = layers * 2 * h + h
