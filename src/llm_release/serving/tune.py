@@ -16,8 +16,9 @@ A server start dominates the cost (about 85 s for SmolLM2 on 2 loaded cores agai
   every ``max_num_seqs ≥ top`` schedules alike, and so does every
   ``max_num_batched_tokens ≥ top × (prompt + output)``: one of each class is measured;
 * **coordinate descent from the planner's start** — start where the planner points
-  (``max_num_seqs`` = the top load level, the default batch budget, the release's prefix
-  caching), then step each dimension to its neighbours, keeping a step only while it wins;
+  (``max_num_seqs`` = the top load level, on a GPU at most the untuned server's: see
+  ``start_seqs``; the default batch budget, the release's prefix caching), then step each
+  dimension to its neighbours, keeping a step only while it wins;
 * **racing** — a trial setting is measured from the level below the best setting's goodput
   level (its warm-up, as the best setting had one) up: failing at or below that goodput it
   cannot win, and its server stops there;
@@ -518,6 +519,23 @@ def _slug(setting: Setting) -> str:
     return re.sub(r"[^a-z0-9=.-]+", "_", setting.label().lower())
 
 
+def start_seqs(levels: list[int], model_dir: Path, serving: ServingConfig, host: Hardware) -> int:
+    """The search's first ``max_num_seqs``: the top level (every request of it admitted at
+    once), on a GPU at most what the candidate serves with untuned (its own value, or the
+    plan's batch default: the workload's requests its KV cache holds at once). Sequences the
+    KV cache cannot hold only preempt, and a start above the untuned server can end as the
+    choice without ever being measured against it: on one H100 (2026-12-07) the hybrid
+    Qwen3.5-35B-A3B shape's search started at 128 (100 snapped to the grid), measured the
+    default's 62 10% ahead at equal goodput, could not confirm it with no start left, and
+    kept 128, 0.94x the untuned server at 100 streams. From the untuned setting, the tuned
+    one is the untuned one unless another beats it, confirmed."""
+    top = max(levels)
+    if not host.cuda:
+        return top
+    own = capacity.resolve_batch(model_dir, serving, host).max_num_seqs
+    return min(top, own) if own else top
+
+
 def tune_candidate(
     tune: TuneConfig,
     *,
@@ -540,11 +558,13 @@ def tune_candidate(
             "requests_per_level": tune.requests_per_level or load.requests_per_level,
         }
     )
+    first = start_seqs(levels, model_dir, serving, host)
     utils: list[float | None] = [None]
     if host.cuda:
         utils = list(tune.gpu_memory_utilization) or [serving.gpu_memory_utilization]
     grid = Grid(
-        max_num_seqs=tune.max_num_seqs,
+        # on a GPU the untuned server's batch is a choice too (start_seqs)
+        max_num_seqs=[*tune.max_num_seqs, *([first] if host.cuda else [])],
         max_num_batched_tokens=tune.max_num_batched_tokens,
         enable_prefix_caching=tune.enable_prefix_caching,
         gpu_memory_utilization=utils,
@@ -554,7 +574,7 @@ def tune_candidate(
     slo = slo_for(gates, tune.itl_p95_slo_ms)
     batched = _flag(serving.extra_args, "--max-num-batched-tokens")
     start = Setting(
-        max_num_seqs=max(levels),  # admit every request of the top level at once
+        max_num_seqs=first,
         max_num_batched_tokens=int(batched) if batched else None,
         enable_prefix_caching=serving.enable_prefix_caching,
         gpu_memory_utilization=serving.gpu_memory_utilization if host.cuda else None,

@@ -3,13 +3,24 @@ measurements than the exhaustive sweep and never starts a setting that cannot fi
 
 from __future__ import annotations
 
+import shutil
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
-from llm_release.config import ServingConfig, Speculation, TuneConfig
+from llm_release.config import Gates, LoadProfile, ServingConfig, Speculation, TuneConfig
+from llm_release.hardware import CpuInfo, Hardware
 from llm_release.results import LoadLevel, Setting, Slo, TuneResult
-from llm_release.serving.tune import Grid, Tuner, apply_setting, drop_flag, static_problem
+from llm_release.serving.tune import (
+    Grid,
+    Tuner,
+    apply_setting,
+    drop_flag,
+    start_seqs,
+    static_problem,
+    tune_candidate,
+)
 
 SLO = Slo(ttft_p95_ms=3000, itl_p95_ms=200, max_error_rate=0.01)
 LEVELS = [1, 2, 4, 8, 16, 32]
@@ -275,3 +286,50 @@ def test_without_confirmation_or_a_start_left_the_lead_is_taken_or_the_best_kept
         grid, LEVELS, SLO, surface.session, lambda s: None, step_tokens=160, max_settings=2
     ).coordinate(Setting(max_num_seqs=4))
     assert surface.started == [4, 8] and capped.chosen == Setting(max_num_seqs=4)
+
+
+HYBRID = Path(__file__).parents[1] / "data" / "gpu" / "qwen3.5-35b-a3b-shape.config.json"
+H100 = Hardware(
+    cpu=CpuInfo(model_name="cpu", cores=16, flags=["avx2"]),
+    machine="x86_64",
+    gpus=["NVIDIA H100 80GB HBM3"],
+)
+
+
+def test_on_a_gpu_the_search_starts_from_the_untuned_server_not_above_it(tmp_path, monkeypatch):
+    """The hybrid shape on one H100 at 32k: the plan's batch default (what its KV cache holds
+    of 768-token requests, about 60) is below the top level, 100; the search starts there
+    and measures it, where it started at 128 (100 snapped to the grid) before."""
+    from llm_release import hardware
+    from llm_release.serving import capacity
+
+    monkeypatch.setattr(hardware, "gpu_memory_gib", lambda: 79.18)
+    folder = tmp_path / "hybrid"
+    folder.mkdir()
+    shutil.copy(HYBRID, folder / "config.json")
+    serving = ServingConfig(max_model_len=32768, gpu_memory_utilization=0.9, request_tokens=768)
+    untuned = capacity.resolve_batch(folder, serving, H100).max_num_seqs
+    assert untuned is not None and 30 < untuned < 100
+    assert start_seqs([10, 50, 100], folder, serving, H100) == untuned
+    assert start_seqs([10, 50], folder, serving, H100) == 50  # the top level when lower
+    explicit = serving.model_copy(update={"max_num_seqs": 40})
+    assert start_seqs([10, 50, 100], folder, explicit, H100) == 40
+    cpu = H100.model_copy(update={"gpus": []})
+    assert start_seqs([10, 50, 100], folder, serving, cpu) == 100  # a CPU: the top level
+
+    surface = Surface(lambda s: min(s.max_num_seqs, 50))
+    load = LoadProfile(concurrencies=[10, 50, 100], prompt_tokens=512, output_tokens=256)
+    result, _ = tune_candidate(
+        TuneConfig(enabled=True, max_num_seqs=[128], max_settings=2),
+        model_dir=folder,
+        tokenizer_dir=folder,
+        served_names=["hybrid"],
+        serving=serving,
+        load=load,
+        gates=Gates(ttft_p95_slo_s=3.0),
+        host=H100,
+        out_dir=tmp_path / "tune",
+        session=surface.session,
+    )
+    assert surface.started[0].max_num_seqs == untuned  # measured, though not on the grid given
+    assert {t.setting.max_num_seqs for t in result.trials} <= {untuned, 128}
