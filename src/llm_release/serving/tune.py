@@ -532,8 +532,7 @@ def start_seqs(levels: list[int], model_dir: Path, serving: ServingConfig, host:
     top = max(levels)
     if not host.cuda:
         return top
-    own = capacity.resolve_batch(model_dir, serving, host).max_num_seqs
-    return min(top, own) if own else top
+    return min(top, capacity.resolve_batch(model_dir, serving, host).max_num_seqs or top)
 
 
 def tune_candidate(
