@@ -156,6 +156,9 @@ class LoadResult(Record):
     slo: Slo | None = Field(
         None, description="the SLO GuideLLM counted slo_attainment and goodput_rps against"
     )
+    warm_up: int | None = Field(
+        None, description="the concurrency of the unmeasured level run first (None: none)"
+    )
 
 
 class Setting(BaseModel):

@@ -70,6 +70,9 @@ def test_guidellm_measures_attainment_of_the_gates_slo(mock_server, tokenizer_di
     assert {json.dumps(b["config"]["slo"], sort_keys=True) for b in report["benchmarks"]} == {
         json.dumps({"e2el_ms": None, "tpot_ms": 250.0, "ttft_ms": 5000.0}, sort_keys=True)
     }
+    # the warm-up ran first, at the top level, and is not a result
+    assert [b["config"]["strategy"]["streams"] for b in report["benchmarks"]] == [4, 1, 4]
+    assert result.warm_up == 4
     assert [lv.concurrency for lv in result.levels] == [1, 4]
     for level in result.levels:
         assert level.requests == 8 and level.errors == 0

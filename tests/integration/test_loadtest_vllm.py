@@ -1,5 +1,6 @@
 """GuideLLM against a real vLLM endpoint: a single-level sweep, a level cut by its time
-limit, which is reported as such and not run again, traffic sharing a system prompt,
+limit, which is reported as such and not run again, a warm-up level left out of the results,
+traffic sharing a system prompt,
 whose prefix-cache hit rate vLLM's counters give, and an eval set's own prompts."""
 
 import pytest
@@ -32,6 +33,7 @@ def test_load_levels_are_measured_and_time_limits_reported(tmp_path, tiny_model_
                 prompt_tokens=16,
                 output_tokens=64,
                 max_seconds_per_level=3,
+                warm_up=False,
             ),
             tmp_path / "cut",
         )
@@ -81,7 +83,8 @@ def test_load_levels_are_measured_and_time_limits_reported(tmp_path, tiny_model_
     (level,) = items.levels
     assert (level.requests, level.errors) == (6, 0), level
     assert level.prefix_cache_hit_rate is not None
-    (bench,) = read_report(tmp_path / "items" / "guidellm.json").benchmarks
+    warm, bench = read_report(tmp_path / "items" / "guidellm.json").benchmarks
+    assert warm.config.strategy.streams == 2 and items.warm_up == 2
     sent = bench.metrics.prompt_token_count.successful.mean
     assert 60 < sent < 400, sent  # the items' prompts in the chat template, not 16 tokens
     (level,) = shared.levels
@@ -99,6 +102,11 @@ def test_load_levels_are_measured_and_time_limits_reported(tmp_path, tiny_model_
     assert level.ttft_p95_ms > 0 and level.output_tokens_per_s > 0
     assert full.notes == []
 
+    # the warm-up level ran first, the top level of the sweep; none where it is off
+    report = read_report(tmp_path / "full" / "guidellm.json")
+    assert [b.config.strategy.streams for b in report.benchmarks] == [3, 3] and full.warm_up == 3
+    assert len(read_report(tmp_path / "cut" / "guidellm.json").benchmarks) == 1
+    assert cut.warm_up is None
     (level,) = cut.levels
     assert level.time_limited and 0 < level.requests < 100_000
     # A level stopped by its time limit is not run again. The one re-run allowed is of a first

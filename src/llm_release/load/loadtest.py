@@ -173,10 +173,14 @@ def build_command(
     slo: Slo | None = None,
     scenario: Path | None = None,
     prompts_file: Path | None = None,
+    warm_up: int | None = None,
 ) -> list[str]:
     """GuideLLM's command line. ``scenario``: a JSON file GuideLLM merges under the
-    options (``secret_scenario``: the server's key, which never goes into argv)."""
-    streams = ",".join(str(c) for c in profile.concurrencies)
+    options (``secret_scenario``: the server's key, which never goes into argv).
+    ``warm_up``: a level of that many streams runs first (GuideLLM runs the streams in
+    their order), its benchmark the report's first; ``parse_report`` leaves it out."""
+    levels = ([warm_up] if warm_up else []) + list(profile.concurrencies)
+    streams = ",".join(str(c) for c in levels)
     return [
         sys.executable,
         "-m",
@@ -190,7 +194,7 @@ def build_command(
         "--data",
         data_arg(profile, prompts_file),
         "--profile",
-        f"kind=concurrent,streams={profile.concurrencies[0]}",
+        f"kind=concurrent,streams={levels[0]}",
         "--override",
         "profile.streams",
         streams,
@@ -258,10 +262,13 @@ def _stopped_by_time(bench: GenerativeBenchmark) -> bool:
     )
 
 
-def parse_report(report: GenerativeBenchmarksReport, requests_planned: int = 0) -> list[LoadLevel]:
-    """One LoadLevel per benchmark (concurrency level) of GuideLLM's report."""
+def parse_report(
+    report: GenerativeBenchmarksReport, requests_planned: int = 0, *, skip: int = 0
+) -> list[LoadLevel]:
+    """One LoadLevel per benchmark (concurrency level) of GuideLLM's report, but for the
+    first ``skip`` (the warm-up: ``build_command``)."""
     levels = []
-    for bench in report.benchmarks:
+    for bench in report.benchmarks[skip:]:
         strategy = bench.config.strategy
         metrics = bench.metrics
         totals = metrics.request_totals
@@ -340,9 +347,11 @@ def _run_guidellm(
     cpus: list[int] | None = None,
     cache: CacheSampler | None = None,
     prompts_file: Path | None = None,
+    warm_up: int | None = None,
 ) -> list[LoadLevel]:
     env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
-    budget = profile.max_seconds_per_level * len(profile.concurrencies) + 120
+    runs = len(profile.concurrencies) + (1 if warm_up else 0)
+    budget = profile.max_seconds_per_level * runs + 120
     with secret_scenario() as scenario, log_path.open("wb") as log_file:
         cmd = pinned(
             build_command(
@@ -355,6 +364,7 @@ def _run_guidellm(
                 slo=slo,
                 scenario=scenario,
                 prompts_file=prompts_file,
+                warm_up=warm_up,
             ),
             cpus,
         )
@@ -372,7 +382,8 @@ def _run_guidellm(
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise LoadTestError(f"GuideLLM exited with {returncode}; log tail:\n{tail}")
     report = read_report(report_path)
-    levels = parse_report(report, profile.requests_per_level)
+    skip = 1 if warm_up else 0
+    levels = parse_report(report, profile.requests_per_level, skip=skip)
     if not levels:
         raise LoadTestError(f"GuideLLM wrote no benchmark into {report_path}")
     if cache is not None:
@@ -387,7 +398,7 @@ def _run_guidellm(
                     )
                 }
             )
-            for level, bench in zip(levels, report.benchmarks, strict=True)
+            for level, bench in zip(levels, report.benchmarks[skip:], strict=True)
         ]
     return levels
 
@@ -435,6 +446,7 @@ def run_load_test(
     slo: Slo | None = None,
     cpus: list[int] | None = None,
     prompts: list[Messages] | None = None,
+    warm_up_at: int | None = None,
 ) -> LoadResult:
     """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
     times in all, and the fullest measurement of each level is kept. A run GuideLLM hung in
@@ -445,7 +457,10 @@ def run_load_test(
     ``slo``, GuideLLM also reports each level's SLO attainment and request goodput.
     ``cpus``: the CPUs GuideLLM runs on (``placement.client_cpus``; None: anywhere).
     ``prompts``: the chat messages of the profile's ``prompts_from`` (the caller reads the
-    eval set: load and evaluation are independent rooms); required with it."""
+    eval set: load and evaluation are independent rooms); required with it.
+    With ``profile.warm_up`` the first run starts with an unmeasured level at
+    ``warm_up_at`` streams (None: the profile's top concurrency); a run again starts on a
+    server already warm."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_file = None
     if profile.prompts_from is not None:
@@ -454,6 +469,7 @@ def run_load_test(
     pending = list(profile.concurrencies)
     attempt = 0
     hung = False
+    warm_up = (warm_up_at or max(profile.concurrencies)) if profile.warm_up else None
     # vLLM's prefix-cache counters read while GuideLLM runs: each level's hit rate
     with CacheSampler(base_url) as cache:
         while pending and attempt < max_attempts:
@@ -473,6 +489,7 @@ def run_load_test(
                     cpus=cpus,
                     cache=cache,
                     prompts_file=prompts_file,
+                    warm_up=warm_up if attempt == 1 else None,
                 )
             except GuideLLMHung as exc:
                 if hung or attempt >= max_attempts:
@@ -520,4 +537,5 @@ def run_load_test(
         attempts=attempt,
         notes=notes,
         slo=slo,
+        warm_up=warm_up,
     )

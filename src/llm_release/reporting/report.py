@@ -293,6 +293,15 @@ def load_section(results: list[CandidateResult], decision: Decision) -> list[str
             "ITL within the SLO; an error counts as missing it).",
             "",
         ]
+    warmed = sorted({r.load.warm_up for r in results if r.load and r.load.warm_up})
+    if warmed:
+        streams = " / ".join(str(c) for c in warmed)
+        lines += [
+            f"Before its levels each server ran one unmeasured level at {streams} streams "
+            "(`load.warm_up`): a server's first requests pay one-time costs, such as kernels "
+            "compiled on first use, that its users do not.",
+            "",
+        ]
     headers = ["candidate", "concurrency", "requests", "errors", "TTFT p50 ms", "TTFT p95 ms"]
     headers += ["ITL p50 ms", "ITL p95 ms", "output tok/s", "SLO attainment"]
     headers += ["conforming req/s", "prefix-cache hits", "SLO"]

@@ -453,8 +453,14 @@ def vllm_session(
                 )
                 atomic_write_text(folder / "answers.json", json.dumps(answers[setting], indent=1))
 
+            warm = profile.warm_up
+
             def probe(concurrency: int) -> LoadLevel:
-                one = profile.model_copy(update={"concurrencies": [concurrency]})
+                # the server's first level only follows a warm-up, at the top level: every
+                # batch size the sweep can reach has been through the server once
+                nonlocal warm
+                one = profile.model_copy(update={"concurrencies": [concurrency], "warm_up": warm})
+                warm = False
                 result = run_load_test(
                     server.base_url,
                     served_names[0],
@@ -463,6 +469,7 @@ def vllm_session(
                     folder / f"c{concurrency}",
                     request_body=request_body,
                     prompts=traffic,
+                    warm_up_at=max(profile.concurrencies),
                 )
                 return result.levels[0]
 

@@ -234,6 +234,40 @@ def test_guidellm_is_given_the_slo_and_its_attainment_is_read_back():
     ]
 
 
+def test_a_warm_up_level_runs_first_at_the_top_concurrency_and_is_left_out():
+    profile = LoadProfile(concurrencies=[1, 4], requests_per_level=8)
+    cmd = loadtest.build_command("http://x", "m", Path("/tok"), profile, Path("/r"), warm_up=4)
+    # GuideLLM runs the streams in their order: the warm-up's level is its first benchmark
+    assert cmd[cmd.index("--profile") + 1] == "kind=concurrent,streams=4"
+    assert cmd[cmd.index("profile.streams") + 1] == "4,1,4"
+    cold = loadtest.build_command("http://x", "m", Path("/tok"), profile, Path("/r"))
+    assert cold[cold.index("profile.streams") + 1] == "1,4"
+    # read from a real report whose first benchmark stands for the warm-up (1 stream): only
+    # the level after it is a result
+    levels = loadtest.parse_report(WITH_SLO, requests_planned=8, skip=1)
+    assert [lv.concurrency for lv in levels] == [4]
+    assert levels[0] == loadtest.parse_report(WITH_SLO, requests_planned=8)[1]
+
+
+def test_only_a_load_tests_first_run_warms_up(monkeypatch, tmp_path):
+    warm: list[int | None] = []
+
+    def run(base_url, served_name, tokenizer_dir, profile, *args, warm_up=None, **kwargs):
+        warm.append(warm_up)
+        # the first run closes level 1 early: it runs again, on a server already warm
+        return [level(c, 2 if len(warm) == 1 and c == 1 else 4) for c in profile.concurrencies]
+
+    monkeypatch.setattr(loadtest, "_run_guidellm", run)
+    result = loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "load")
+    assert warm == [2, None] and result.warm_up == 2 and result.attempts == 2
+    # the tuner's levels, one at a time, warm up at the top of the whole sweep
+    loadtest.run_load_test("http://x", "m", tmp_path, PROFILE, tmp_path / "t", warm_up_at=100)
+    assert warm[2] == 100
+    off = PROFILE.model_copy(update={"warm_up": False})
+    result = loadtest.run_load_test("http://x", "m", tmp_path, off, tmp_path / "off")
+    assert warm[3] is None and result.warm_up is None
+
+
 def test_a_file_that_is_not_a_guidellm_report_is_one_line(tmp_path):
     path = tmp_path / "guidellm.json"
     path.write_text('{"benchmarks": [{"config": {}}]}')

@@ -208,6 +208,11 @@ def test_the_load_curve_marks_each_candidates_goodput_against_the_slo():
     # the candidates table has the goodput column
     header = next(row for row in rows(text) if row[0] == "verdict")
     assert "goodput_streams" in header
+    # the levels followed no warm-up here, so the report claims none; then one at 4 streams
+    assert "unmeasured level" not in text
+    for r in results[1:]:
+        r.load.warm_up = 4
+    assert "each server ran one unmeasured level at 4 streams" in render(results, decision)
 
 
 def release(release_id: str):

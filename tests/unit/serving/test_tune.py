@@ -333,3 +333,39 @@ def test_on_a_gpu_the_search_starts_from_the_untuned_server_not_above_it(tmp_pat
     )
     assert surface.started[0].max_num_seqs == untuned  # measured, though not on the grid given
     assert {t.setting.max_num_seqs for t in result.trials} <= {untuned, 128}
+
+
+def test_a_servers_first_level_alone_follows_a_warm_up_at_the_top_level(monkeypatch, tmp_path):
+    from llm_release.serving import tune
+
+    class Server:
+        base_url = "http://x"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    asked: list[tuple[list[int], bool, int | None]] = []
+
+    def load_test(base_url, name, tokenizer_dir, profile, out_dir, **kwargs):
+        asked.append((profile.concurrencies, profile.warm_up, kwargs.get("warm_up_at")))
+        return type("Result", (), {"levels": [level(profile.concurrencies[0], 100)]})
+
+    monkeypatch.setattr(tune, "make_server", lambda *args, **kwargs: Server())
+    monkeypatch.setattr(tune, "run_load_test", load_test)
+    monkeypatch.setattr(tune.reasoning, "request_body", lambda *args: {})
+    profile = LoadProfile(concurrencies=[1, 4, 16])
+    session = tune.vllm_session(tmp_path, ["m"], ServingConfig(), tmp_path, profile, tmp_path)
+    for _ in range(2):  # two servers: each one's first level only is warmed up
+        with session(Setting(max_num_seqs=4)) as probe:
+            probe(1)
+            probe(4)
+    assert asked == [([1], True, 16), ([4], False, 16)] * 2
+    off = profile.model_copy(update={"warm_up": False})
+    with tune.vllm_session(tmp_path, ["m"], ServingConfig(), tmp_path, off, tmp_path)(
+        Setting(max_num_seqs=4)
+    ) as probe:
+        probe(1)
+    assert asked[-1] == ([1], False, 16)
