@@ -18,8 +18,9 @@
 #           'pip list --format=freeze', read there on 2026-12-04), its vLLM wheel slimmed to sm_90
 #           (scripts/gpu/slim_vllm_wheel.py), and the Debian packages of HAProxy, Prometheus and
 #           Alertmanager with the libraries HAProxy needs that the image lacks; one tar.xz
-#           split in parts of 42 MiB (a trip each, beside the working tree). PY312: a Python
-#           3.12 to resolve with (default python3.12).
+#           split in parts of 32 MiB (a trip each, beside the working tree: a call carries 64 MiB
+#           in all, and the tree is about 22 MB). PY312: a Python 3.12 to resolve with
+#           (default python3.12).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SHARED=${SHARED_GPU:-../shared/gpu}
@@ -49,7 +50,7 @@ if [ -n "${DEMO:-}" ]; then
     libopentracing-c-wrapper0 libopentracing1 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
   rm -f .gw/part.* .gw/PARTS.sha256
   mkdir -p .gw
-  tar -C "$gw" -cf - --exclude=.slim wh debs | xz -T0 -6 | split -b 42M -d - .gw/part.
+  tar -C "$gw" -cf - --exclude=.slim wh debs | xz -T0 -6 | split -b 32M -d - .gw/part.
   (cd .gw && sha256sum part.* > PARTS.sha256)
   ls -la .gw
   exit 0
