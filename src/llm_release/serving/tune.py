@@ -22,6 +22,9 @@ A server start dominates the cost (about 85 s for SmolLM2 on 2 loaded cores agai
 * **racing** — a trial setting is measured from the level below the best setting's goodput
   level (its warm-up, as the best setting had one) up: failing at or below that goodput it
   cannot win, and its server stops there;
+* **warm servers** — each server's first level follows one unmeasured level at the top of the
+  sweep (``load.warm_up``): one-time costs such as kernels compiled on first use are billed
+  to no setting;
 * **early stop** — a setting's sweep stops at its first failing level, and the search stops
   once the best setting passes the top level (nothing on the grid can do better);
 * **ties confirmed** — a setting that beats the best one at equal goodput by output tokens/s
