@@ -609,11 +609,12 @@ class LoadProfile(StrictModel):
     max_seconds_per_level: float = Field(300, gt=0, le=MAX_WAIT_S)
     warm_up: bool = Field(
         True,
-        description="before the measured levels, one level at the top concurrency whose "
-        "figures are left out: a server's first requests pay one-time costs that its users "
-        "do not (on a GPU, kernels compiled on first use: vLLM 0.26 compiles its top-k/top-p "
-        "sampler kernel at the first request a model's sampling defaults send through it, a "
-        "stall of seconds that made one H100 run's lowest level miss a 3 s TTFT SLO)",
+        description="before the measured levels, one level at the top concurrency (a request "
+        "a stream) whose figures are left out: a server's first requests pay one-time costs "
+        "that its users do not (on a GPU, kernels compiled on first use: vLLM 0.26 compiles "
+        "its top-k/top-p sampler kernel at the first request a model's sampling defaults send "
+        "through it, a stall of seconds that made one H100 run's lowest level miss a 3 s TTFT "
+        "SLO)",
     )
     shared_prefix: SharedPrefix | None = Field(
         None,

@@ -72,7 +72,17 @@ def test_guidellm_measures_attainment_of_the_gates_slo(mock_server, tokenizer_di
     }
     # the warm-up ran first, at the top level, and is not a result
     assert [b["config"]["strategy"]["streams"] for b in report["benchmarks"]] == [4, 1, 4]
-    assert result.warm_up == 4
+    # one wave of 4 requests (a request a stream), then the 8 of each level
+    done = [b["metrics"]["request_totals"]["successful"] for b in report["benchmarks"]]
+    limits = [
+        [
+            c.get("metadata", {}).get("max_requests")
+            for c in b["scheduler_state"]["end_queuing_constraints"].values()
+        ]
+        for b in report["benchmarks"]
+    ]
+    assert done == [4, 8, 8], (done, limits)  # limits: GuideLLM's count for each benchmark
+    assert result.warm_up == 4 and result.attempts == 1  # no level had to run again
     assert [lv.concurrency for lv in result.levels] == [1, 4]
     for level in result.levels:
         assert level.requests == 8 and level.errors == 0

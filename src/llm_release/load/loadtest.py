@@ -178,9 +178,23 @@ def build_command(
     """GuideLLM's command line. ``scenario``: a JSON file GuideLLM merges under the
     options (``secret_scenario``: the server's key, which never goes into argv).
     ``warm_up``: a level of that many streams runs first (GuideLLM runs the streams in
-    their order), its benchmark the report's first; ``parse_report`` leaves it out."""
+    their order), its benchmark the report's first; ``parse_report`` leaves it out. It
+    sends one wave, a request a stream (at most ``requests_per_level``): GuideLLM takes a
+    list of counts, one a benchmark (GuideLLM 0.8.1 does not keep a short list's last count
+    for the benchmarks past its end: [4, 8] gave 4, 8, 4), so the list names each level's."""
     levels = ([warm_up] if warm_up else []) + list(profile.concurrencies)
     streams = ",".join(str(c) for c in levels)
+    count = profile.requests_per_level
+    requests = (
+        json.dumps(
+            {
+                "kind": "max_requests",
+                "count": [min(warm_up, count)] + [count] * len(profile.concurrencies),
+            }
+        )
+        if warm_up
+        else f"kind=max_requests,count={count}"
+    )
     return [
         sys.executable,
         "-m",
@@ -199,7 +213,7 @@ def build_command(
         "profile.streams",
         streams,
         "--constraint",
-        f"kind=max_requests,count={profile.requests_per_level}",
+        requests,
         "--constraint",
         f"kind=max_duration,seconds={profile.max_seconds_per_level}",
         *slo_metrics(slo),

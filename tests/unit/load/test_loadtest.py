@@ -240,8 +240,15 @@ def test_a_warm_up_level_runs_first_at_the_top_concurrency_and_is_left_out():
     # GuideLLM runs the streams in their order: the warm-up's level is its first benchmark
     assert cmd[cmd.index("--profile") + 1] == "kind=concurrent,streams=4"
     assert cmd[cmd.index("profile.streams") + 1] == "4,1,4"
+    # one wave: a request a stream, then the profile's count for every level after it
+    counts = [json.loads(a) for a in cmd if a.startswith('{"kind": "max_requests"')]
+    assert counts == [{"kind": "max_requests", "count": [4, 8, 8]}]
+    few = profile.model_copy(update={"requests_per_level": 2})
+    cmd = loadtest.build_command("http://x", "m", Path("/tok"), few, Path("/r"), warm_up=4)
+    assert '{"kind": "max_requests", "count": [2, 2, 2]}' in cmd
     cold = loadtest.build_command("http://x", "m", Path("/tok"), profile, Path("/r"))
     assert cold[cold.index("profile.streams") + 1] == "1,4"
+    assert "kind=max_requests,count=8" in cold
     # read from a real report whose first benchmark stands for the warm-up (1 stream): only
     # the level after it is a result
     levels = loadtest.parse_report(WITH_SLO, requests_planned=8, skip=1)
