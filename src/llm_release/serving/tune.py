@@ -19,9 +19,9 @@ A server start dominates the cost (about 85 s for SmolLM2 on 2 loaded cores agai
   (``max_num_seqs`` = the top load level, on a GPU at most the untuned server's: see
   ``start_seqs``; the default batch budget, the release's prefix caching), then step each
   dimension to its neighbours, keeping a step only while it wins;
-* **racing** — a trial setting is measured from the level below the best setting's goodput
-  level (its warm-up, as the best setting had one) up: failing at or below that goodput it
-  cannot win, and its server stops there;
+* **racing** — a trial setting is measured from the best setting's goodput level up: failing
+  at or below that goodput it cannot win, and its server stops there (a session that does not
+  warm its servers up first measures the level below too, as the best setting had one);
 * **warm servers** — each server's first level follows one unmeasured level at the top of the
   sweep (``load.warm_up``): one-time costs such as kernels compiled on first use are billed
   to no setting;
@@ -171,6 +171,7 @@ class Tuner:
         tie_margin: float = 0.05,
         confirm: bool = True,
         answers: Answers | None = None,
+        warmed_up: bool = False,
     ) -> None:
         self.grid = grid
         self.levels = sorted(set(levels))
@@ -182,6 +183,8 @@ class Tuner:
         self.tie_margin = tie_margin
         self.confirm = confirm
         self.answers = answers or (lambda setting: None)
+        # the session runs an unmeasured level before each server's first (load.warm_up)
+        self.warmed_up = warmed_up
         self.trials: dict[Setting, Trial] = {}
         self.again: list[Trial] = []  # second starts of measured settings (``confirmed``)
         self.pruned: dict[Setting, Pruned] = {}
@@ -208,11 +211,13 @@ class Tuner:
         trial = Trial(setting=setting, again=again)
         begun = time.monotonic()
         todo = [c for c in self.levels if c >= start_at] or self.levels[-1:]
-        if start_at:
-            # The level below first, as the best setting had it before its goodput level: a
-            # server's first level after its start is slower (H100, 2026-12-06: TTFT p95
+        if start_at and not self.warmed_up:
+            # A server's first level after its start is slower (H100, 2026-12-06: TTFT p95
             # 585 and 623 ms at 100 streams as the first level, 281-376 ms after a level of
-            # 50), which would bill a raced setting for its warm-up.
+            # 50): with no warm-up level from the session, the level below first, as the best
+            # setting had it before its goodput level, or the raced setting is billed for its
+            # warm-up. With one (load.warm_up; H100, 2026-12-07: the warm-up wave's TTFT p95
+            # 17.3x the measured level's) that level would be measured for nothing.
             warm = [c for c in self.levels if c < todo[0]]
             todo = warm[-1:] + todo
         try:
@@ -614,6 +619,7 @@ def tune_candidate(
         tie_margin=tune.tie_margin,
         confirm=tune.confirm_ties,
         answers=answers.get,
+        warmed_up=session is None and profile.warm_up,
     )
     result = tuner.coordinate(start) if tune.strategy == "coordinate" else tuner.exhaustive()
     atomic_write_text(out_dir / "tune.json", result.model_dump_json(indent=2) + "\n")

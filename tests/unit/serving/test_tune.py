@@ -93,13 +93,17 @@ def test_coordinate_finds_the_optimum_with_fewer_measurements() -> None:
     assert len(set(tuned_surface.started)) == len(tuned_surface.started)
 
 
-@pytest.mark.parametrize(("challenger", "levels", "below"), [(16, [8, 16], 16), (8, [8], 8)])
-def test_racing_warms_a_challenger_up_one_level_below_then_stops_it(
-    challenger: int, levels: list[int], below: int
+@pytest.mark.parametrize(
+    ("challenger", "warmed_up", "levels", "below"),
+    [(16, False, [8, 16], 16), (8, False, [8], 8), (16, True, [16], 16), (8, True, [16], 16)],
+)
+def test_racing_starts_a_challenger_at_the_goodput_level_then_stops_it(
+    challenger: int, warmed_up: bool, levels: list[int], below: int
 ) -> None:
-    """A raced setting is measured from the level below the best setting's goodput (its
-    warm-up: a server's first level after its start is slower) and stops at its first
-    failure at or below that goodput."""
+    """A raced setting is measured from the best setting's goodput and stops at its first
+    failure at or below it. Where the session does not warm its servers up, the level below
+    comes first (a server's first level after its start is slower); where it does
+    (``load.warm_up``), that level would be measured for nothing."""
     caps = {32: 16, 16: 8, 8: 2}
     surface = Surface(lambda s: caps[s.max_num_seqs])
     seen: list[tuple[int, int]] = []
@@ -115,7 +119,7 @@ def test_racing_warms_a_challenger_up_one_level_below_then_stops_it(
             yield recorded
 
     grid = Grid(max_num_seqs=[8, 16, 32])
-    tuner = Tuner(grid, LEVELS, SLO, session, lambda s: None, step_tokens=160)
+    tuner = Tuner(grid, LEVELS, SLO, session, lambda s: None, step_tokens=160, warmed_up=warmed_up)
     best = tuner.measure(Setting(max_num_seqs=32))
     raced = tuner.measure(Setting(max_num_seqs=challenger), start_at=best.goodput)
     assert best.goodput == 16
@@ -369,3 +373,59 @@ def test_a_servers_first_level_alone_follows_a_warm_up_at_the_top_level(monkeypa
     ) as probe:
         probe(1)
     assert asked[-1] == ([1], False, 16)
+
+
+def test_a_raced_server_that_is_warmed_up_is_measured_from_the_goodput_level(monkeypatch, tmp_path):
+    """Through ``tune_candidate``'s own vLLM sessions (the server and GuideLLM stood in): the
+    warm-up level stands for the level below, so a raced setting's first measured level is
+    the best setting's goodput; with ``load.warm_up`` off the level below comes first."""
+    from llm_release import hardware
+    from llm_release.serving import tune
+
+    class Server:
+        base_url = "http://x"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(hardware, "gpu_memory_gib", lambda: 79.18)
+    folder = tmp_path / "hybrid"
+    folder.mkdir()
+    shutil.copy(HYBRID, folder / "config.json")
+    serving = ServingConfig(max_model_len=32768, gpu_memory_utilization=0.9, request_tokens=768)
+    servers: list[int] = []
+    asked: list[tuple[int, int, bool]] = []  # (server, streams, warmed up first)
+
+    def make_server(model_dir, names, serving, log_path):
+        servers.append(serving.max_num_seqs)
+        return Server()
+
+    def load_test(base_url, name, tokenizer_dir, profile, out_dir, **kwargs):
+        c = profile.concurrencies[0]
+        asked.append((len(servers), c, profile.warm_up))
+        return type("Result", (), {"levels": [level(c, 100 if c <= 50 else 9000)]})
+
+    monkeypatch.setattr(tune, "make_server", make_server)
+    monkeypatch.setattr(tune, "run_load_test", load_test)
+    monkeypatch.setattr(tune.reasoning, "request_body", lambda *args: {})
+    for warm_up, second in ((True, [(2, 50, True), (2, 100, False)]), (False, [(2, 10, False)])):
+        servers.clear()
+        asked.clear()
+        tune_candidate(
+            TuneConfig(enabled=True, max_num_seqs=[128], max_settings=2, confirm_ties=False),
+            model_dir=folder,
+            tokenizer_dir=folder,
+            served_names=["hybrid"],
+            serving=serving,
+            load=LoadProfile(
+                concurrencies=[10, 50, 100], prompt_tokens=512, output_tokens=256, warm_up=warm_up
+            ),
+            gates=Gates(ttft_p95_slo_s=3.0),
+            host=H100,
+            out_dir=tmp_path / f"tune-{warm_up}",
+        )
+        assert len(servers) == 2 and servers[1] == 128
+        assert [a for a in asked if a[0] == 2][: len(second)] == second
