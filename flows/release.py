@@ -102,7 +102,9 @@ def release(config: ReleaseConfig) -> ReleaseOutcome:
     with stage("acquire"):
         acquired = acquire_model(source, token)
     with stage("probe"):
-        host = probe_host(acquired.model_dir, config.candidates, config.serving)
+        host = probe_host(
+            acquired.model_dir, config.candidates, config.serving, config.load, config.gates
+        )
     with stage("quantize"):
         contenders = quantize_contenders(config, acquired, host, champion)
     if config.tune.enabled:

@@ -24,6 +24,8 @@ def test_the_runtime_reports_its_versions_and_both_matmul_rates():
     assert info.shape == [256, 576, 1536]
     assert info.linear_gflops["bfloat16"] > 0 and info.linear_gflops["float32"] > 0
     assert info.threads == 1  # per-core rates: one thread, see runtime_info.compare
+    # FP8 as vLLM CPU's FP8 linear layers multiply it (torch._scaled_mm)
+    assert info.fp8_gflops is not None and info.fp8_gflops > 0
     # Cached per host and runtime: the second call measures nothing.
     assert runtime_info(detect(), 576, 1536) == info
 

@@ -32,7 +32,7 @@ RUNBOOK = ["plan", "acquire", "probe", "quantize", "tune", "measure", "select", 
 
 def test_the_release_flow_is_the_runbook_on_one_screen():
     lines, _ = inspect.getsourcelines(release.fn)
-    assert len(lines) <= 45, f"flows/release.py:release is {len(lines)} lines"
+    assert len(lines) <= 50, f"flows/release.py:release is {len(lines)} lines (one screen: 50)"
     source = "".join(lines)
     assert re.findall(r'with stage\("([a-z]+)"\):', source) == RUNBOOK
     # No stage timed by hand, no report assembled from dicts: typed hand-offs only.

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 RUNTIME_INFO_SCRIPT = Path(__file__).with_name("runtime_info.py")
 # Part of the cache key: rates measured the old way (two threads, one turn per dtype) flipped
 # to float32 on a busy host and are measured again.
-RATE_METHOD = "1-thread-interleaved"
+RATE_METHOD = "1-thread-interleaved+fp8"
 # bf16 is kept unless float32 multiplies this much faster: bf16 halves weights and KV cache.
 FLOAT32_MARGIN = 1.25
 # The matmul probe's shape is capped: the bf16/float32 ratio is what it measures, and on a
@@ -49,6 +49,9 @@ class RuntimeInfo(Record):
     cuda: bool
     shape: list[int] = Field(description="tokens, input width, output width of the matmul probe")
     linear_gflops: dict[str, float] = Field(default_factory=dict)
+    fp8_gflops: float | None = Field(
+        None, description="torch._scaled_mm on float8_e4m3fn, one thread (CPU); None: no such call"
+    )
 
 
 def cache_key(*parts: object) -> str:

@@ -70,6 +70,13 @@ class SchemeSupport(Record):
     cached: bool = False
 
 
+class PromptBound(Record):
+    """What one request must meet: the load profile's prompt and the TTFT SLO."""
+
+    prompt_tokens: int
+    ttft_slo_s: float
+
+
 class HostSupport(Record):
     """What this host and runtime will serve, decided before any candidate is built."""
 
@@ -212,6 +219,44 @@ def probe_scheme(
     return outcome
 
 
+def fp8_too_slow(
+    candidate: CandidateConfig,
+    config: dict,
+    host: Hardware,
+    runtime: RuntimeInfo,
+    bound: PromptBound,
+) -> SchemeSupport | None:
+    """An FP8 candidate of a dense model whose one prompt of the load profile, alone on the
+    server, cannot meet the TTFT SLO on this CPU at the rate its runtime multiplies FP8
+    matrices; None where it may. A lower bound: only the MLP's three matrices of each layer
+    (``6 × hidden × intermediate`` FLOPs a token), every core at the one-thread rate. On a
+    Xeon with AVX512-FP16 and AMX, torch 2.13 runs FP8 through oneDNN's reference kernel
+    (0.07-0.13 GFLOP/s): the demo's FP8 SmolLM2 took its first evaluation request past
+    vLLM's 300 s limit for one step (2026-12-07) and was lost after 6 minutes."""
+    if host.cuda or candidate.scheme != "FP8_DYNAMIC" or not runtime.fp8_gflops:
+        return None
+    text = config.get("text_config") or config
+    layers = int(text.get("num_hidden_layers") or 0)
+    hidden, intermediate = layer_shape(config)
+    flops = bound.prompt_tokens * 6 * hidden * intermediate * layers
+    seconds = flops / (runtime.fp8_gflops * 1e9 * max(host.cpu.cores, 1))
+    if seconds <= bound.ttft_slo_s:
+        return None
+    return SchemeSupport(
+        candidate=candidate.name,
+        scheme=candidate.scheme,
+        dtype="float8_e4m3fn",
+        status="unsupported",
+        reason=(
+            f"torch {runtime.torch} multiplies FP8 matrices at {runtime.fp8_gflops:g} GFLOP/s "
+            f"a thread on {host.cpu.describe()}: one {bound.prompt_tokens}-token prompt "
+            f"through this model's MLPs alone needs at least {seconds:,.0f} s on "
+            f"{host.cpu.cores} core(s), over the TTFT p95 SLO of {bound.ttft_slo_s:g} s "
+            "(gates.ttft_p95_slo_s); not built"
+        ),
+    )
+
+
 def check_host_support(
     model_dir: Path,
     candidates: list[CandidateConfig],
@@ -219,8 +264,11 @@ def check_host_support(
     host: Hardware,
     *,
     probe: bool = True,
+    bound: PromptBound | None = None,
 ) -> HostSupport:
-    """The served dtype and, per candidate, whether the runtime can serve its scheme here."""
+    """The served dtype and, per candidate, whether the runtime can serve its scheme here;
+    with ``bound`` (the load profile's prompt and the TTFT SLO), an FP8 candidate that could
+    not meet the SLO at this CPU's FP8 rate is refused before it is built."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     runtime = runtime_info(host, *layer_shape(config))
     served, why = choose_dtype(serving.dtype, host, runtime)
@@ -234,6 +282,11 @@ def check_host_support(
     if probe:
         family = "moe" if choose_recipe(config).moe else "dense"
         for candidate in candidates:
+            slow = fp8_too_slow(candidate, config, host, runtime, bound) if bound else None
+            if slow is not None and family == "dense":
+                log.warning("%s: %s", candidate.name, slow.reason)
+                support.schemes.append(slow)
+                continue
             support.schemes.append(
                 probe_scheme(
                     candidate, served, Path(model_dir), host, runtime, where=serving, family=family

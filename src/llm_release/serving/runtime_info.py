@@ -56,6 +56,37 @@ def compare(torch, dtypes, shape, seconds: float, rounds: int = ROUNDS) -> dict[
     return best
 
 
+# FP8 is timed at a few tokens: where torch runs oneDNN's reference kernel (2026-12-07, a
+# Xeon with AVX512-FP16 and AMX, torch 2.13: 0.07 GFLOP/s) a 256-token call takes seconds.
+FP8_TOKENS = 8
+
+
+def fp8_gflops(torch, width_in: int, width_out: int, seconds: float) -> float | None:
+    """Best rate of torch._scaled_mm on float8_e4m3fn (what vLLM CPU's FP8 linear layers
+    call: ``ChannelWiseTorchFP8ScaledMMLinearKernel``), one thread; None where torch has no
+    such call for this CPU."""
+    try:
+        a = torch.randn(FP8_TOKENS, width_in).to(torch.float8_e4m3fn)
+        b = torch.randn(width_out, width_in).to(torch.float8_e4m3fn).t()
+        one = torch.ones(1, dtype=torch.float32)
+
+        def call():
+            torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+
+        call()  # warm-up: kernel selection
+    except (AttributeError, RuntimeError, TypeError):
+        return None
+    best = 0.0
+    deadline = time.perf_counter() + seconds
+    while True:
+        start = time.perf_counter()
+        call()
+        elapsed = time.perf_counter() - start
+        best = max(best, 2 * FP8_TOKENS * width_in * width_out / elapsed / 1e9)
+        if time.perf_counter() >= deadline:
+            return round(best, 3)
+
+
 def main() -> None:
     tokens, width_in, width_out = (int(a) for a in sys.argv[1:4])
     seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
@@ -76,6 +107,7 @@ def main() -> None:
             torch, ("bfloat16", "float32"), (tokens, width_in, width_out), seconds
         )
         info["threads"] = 1
+        info["fp8_gflops"] = fp8_gflops(torch, width_in, width_out, seconds / 2)
     print(json.dumps(info))
 
 

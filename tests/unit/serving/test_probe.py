@@ -1,6 +1,16 @@
+import json
+from pathlib import Path
+
+from llm_release.config import CandidateConfig, ServingConfig
 from llm_release.hardware import CpuInfo, Hardware
 from llm_release.serving.dtype import RuntimeInfo, choose_dtype
-from llm_release.serving.probe import HostSupport, SchemeSupport
+from llm_release.serving.probe import (
+    HostSupport,
+    PromptBound,
+    SchemeSupport,
+    check_host_support,
+    fp8_too_slow,
+)
 
 CPU = Hardware(cpu=CpuInfo(model_name="cpu", cores=2, flags=["avx2"]), machine="x86_64")
 GPU = Hardware(cpu=CPU.cpu, machine="x86_64", gpus=["NVIDIA H200"])
@@ -64,3 +74,65 @@ def test_a_missing_moe_kernel_counts_as_unsupported():
     assert UNSUPPORTED.search("ValueError: Unsupported FP8 MoE backend: NONE")
     assert UNSUPPORTED.search("No WNA16 MoE backend supports the deployment configuration.")
     assert not UNSUPPORTED.search("ValueError: max_model_len is larger than the KV cache")
+
+
+SMOLLM2 = json.loads(
+    (Path(__file__).parents[1] / "data/gpu/smollm2-135m-instruct.config.json").read_text()
+)
+FP8 = CandidateConfig(name="fp8-dynamic", scheme="FP8_DYNAMIC")
+BOUND = PromptBound(prompt_tokens=128, ttft_slo_s=6.0)
+
+
+def with_fp8(rate: float | None) -> RuntimeInfo:
+    return runtime(113.0, 48.6).model_copy(update={"fp8_gflops": rate})
+
+
+def test_fp8_at_a_reference_kernels_rate_is_refused_before_it_is_built():
+    """The demo's SmolLM2 on a Xeon whose torch multiplies FP8 at 0.129 GFLOP/s (measured
+    there, 2026-12-07): 128 prompt tokens x 6 x 576 x 1536 x 30 layers = 20.4 GFLOP, at
+    least 79 s on 2 cores, against the CPU demo's 6 s SLO."""
+    slow = fp8_too_slow(FP8, SMOLLM2, CPU, with_fp8(0.129), BOUND)
+    assert slow is not None and slow.status == "unsupported"
+    assert "0.129 GFLOP/s" in slow.reason and "at least 79 s" in slow.reason
+    assert "6 s" in slow.reason and "gates.ttft_p95_slo_s" in slow.reason
+    # a rate at which the prompt fits the SLO (torch's own dequantizing path): not refused
+    assert fp8_too_slow(FP8, SMOLLM2, CPU, with_fp8(30.0), BOUND) is None
+    # a looser SLO lets the same rate through: the bound decides, not the rate alone
+    loose = PromptBound(prompt_tokens=128, ttft_slo_s=100.0)
+    assert fp8_too_slow(FP8, SMOLLM2, CPU, with_fp8(0.129), loose) is None
+
+
+def test_only_fp8_on_a_cpu_with_a_measured_rate_is_judged():
+    awq = CandidateConfig(name="w4a16-awq", scheme="W4A16_AWQ")
+    assert fp8_too_slow(awq, SMOLLM2, CPU, with_fp8(0.129), BOUND) is None
+    assert fp8_too_slow(FP8, SMOLLM2, GPU, with_fp8(0.129), BOUND) is None
+    assert fp8_too_slow(FP8, SMOLLM2, CPU, with_fp8(None), BOUND) is None
+
+
+def test_a_refused_fp8_candidate_is_never_probed(monkeypatch, tmp_path):
+    from llm_release.serving import probe
+
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2))
+    probed: list[str] = []
+    monkeypatch.setattr(probe, "runtime_info", lambda *args, **kwargs: with_fp8(0.129))
+
+    def probe_scheme(candidate, *args, **kwargs):
+        probed.append(candidate.name)
+        return SchemeSupport(
+            candidate=candidate.name,
+            scheme=candidate.scheme,
+            dtype="bfloat16",
+            status="supported",
+            reason="served",
+        )
+
+    monkeypatch.setattr(probe, "probe_scheme", probe_scheme)
+    awq = CandidateConfig(name="w4a16-awq", scheme="W4A16_AWQ")
+    serving = ServingConfig(dtype="fastest")
+    host = check_host_support(tmp_path, [FP8, awq], serving, CPU, bound=BOUND)
+    assert probed == ["w4a16-awq"]
+    assert host.skip_reason("fp8-dynamic") and "GFLOP/s" in host.skip_reason("fp8-dynamic")
+    # without the bound (a measure-only flow), the FP8 candidate is probed as before
+    probed.clear()
+    check_host_support(tmp_path, [FP8, awq], serving, CPU)
+    assert probed == ["fp8-dynamic", "w4a16-awq"]
