@@ -339,17 +339,20 @@ def test_on_a_gpu_the_search_starts_from_the_untuned_server_not_above_it(tmp_pat
     assert {t.setting.max_num_seqs for t in result.trials} <= {untuned, 128}
 
 
+class StandInServer:
+    """A vLLM server stood in for: GuideLLM (stood in too) is the one that would call it."""
+
+    base_url = "http://x"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
 def test_a_servers_first_level_alone_follows_a_warm_up_at_the_top_level(monkeypatch, tmp_path):
     from llm_release.serving import tune
-
-    class Server:
-        base_url = "http://x"
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
 
     asked: list[tuple[list[int], bool, int | None]] = []
 
@@ -357,7 +360,7 @@ def test_a_servers_first_level_alone_follows_a_warm_up_at_the_top_level(monkeypa
         asked.append((profile.concurrencies, profile.warm_up, kwargs.get("warm_up_at")))
         return type("Result", (), {"levels": [level(profile.concurrencies[0], 100)]})
 
-    monkeypatch.setattr(tune, "make_server", lambda *args, **kwargs: Server())
+    monkeypatch.setattr(tune, "make_server", lambda *args, **kwargs: StandInServer())
     monkeypatch.setattr(tune, "run_load_test", load_test)
     monkeypatch.setattr(tune.reasoning, "request_body", lambda *args: {})
     profile = LoadProfile(concurrencies=[1, 4, 16])
@@ -382,15 +385,6 @@ def test_a_raced_server_that_is_warmed_up_is_measured_from_the_goodput_level(mon
     from llm_release import hardware
     from llm_release.serving import tune
 
-    class Server:
-        base_url = "http://x"
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return None
-
     monkeypatch.setattr(hardware, "gpu_memory_gib", lambda: 79.18)
     folder = tmp_path / "hybrid"
     folder.mkdir()
@@ -401,7 +395,7 @@ def test_a_raced_server_that_is_warmed_up_is_measured_from_the_goodput_level(mon
 
     def make_server(model_dir, names, serving, log_path):
         servers.append(serving.max_num_seqs)
-        return Server()
+        return StandInServer()
 
     def load_test(base_url, name, tokenizer_dir, profile, out_dir, **kwargs):
         c = profile.concurrencies[0]
