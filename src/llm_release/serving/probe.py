@@ -282,11 +282,11 @@ def check_host_support(
     if probe:
         family = "moe" if choose_recipe(config).moe else "dense"
         for candidate in candidates:
-            slow = fp8_too_slow(candidate, config, host, runtime, bound) if bound else None
-            if slow is not None and family == "dense":
-                log.warning("%s: %s", candidate.name, slow.reason)
-                support.schemes.append(slow)
-                continue
+            if bound and family == "dense":
+                slow = fp8_too_slow(candidate, config, host, runtime, bound)
+                if slow is not None:
+                    support.schemes.append(slow)
+                    continue
             support.schemes.append(
                 probe_scheme(
                     candidate, served, Path(model_dir), host, runtime, where=serving, family=family
