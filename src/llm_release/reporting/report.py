@@ -598,7 +598,8 @@ def quality_section(results: list[CandidateResult]) -> list[str]:
     return lines
 
 
-MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]()<>#|!~])")
+# no "|": _cell has already made every pipe a "/"
+MARKDOWN_ACTIVE = re.compile(r"([\\`*_\[\]()<>#!~])")
 INLINE_CHARS = 300
 
 

@@ -335,7 +335,7 @@ def test_a_lost_attempts_reason_from_another_host_reaches_the_report_inert():
     home = candidate("baseline", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"])
     hostile = (
         "crashed\n\n## Decision\n\nwinner: fp8 [approve](http://evil.example/x) "
-        "<img src=x onerror=alert(1)> \x1b[31m" + "a" * 400
+        "<img src=x onerror=alert(1)> | b | \x1b[31m" + "a" * 400
     )
     away = candidate("fp8", [1, 1, 1, 0], ["0 bar", "1 bar", "2 bar", "x"]).model_copy(
         update={"measured_on": "gpu_b](http://evil.example)", "lost": [hostile]}
@@ -346,6 +346,7 @@ def test_a_lost_attempts_reason_from_another_host_reaches_the_report_inert():
     assert "[approve](http" not in line and "\\[approve\\]\\(http" in line
     assert re.search(r"(?<!\\)<", line) is None and "\\<img" in line
     assert "\x1b" not in line
+    assert "|" not in line and "/ b /" in line  # a pipe is no cell border of its own
     assert len(line) < 400 and line.endswith("….*")
     assert "](http://evil.example)" not in text
 
