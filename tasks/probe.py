@@ -35,11 +35,12 @@ def probe_host(
     for support in host.schemes:
         log = logger.warning if support.status != "supported" else logger.info
         log(
-            "%s (%s): %s%s — %s",
+            "%s (%s): %s%s — %s%s",
             support.candidate,
             support.scheme,
             support.status,
             " (cached)" if support.cached else f" ({support.seconds:.0f}s)",
             support.reason,
+            f" (the probe server's log: {support.log})" if support.log else "",
         )
     return host

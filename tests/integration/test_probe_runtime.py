@@ -2,6 +2,8 @@
 runtime cannot serve on an AVX2-only CPU (emulated here through scripts/avx2-emulation, which
 loads vLLM's real AVX2 kernel library; on an AVX2-only machine it is the native one)."""
 
+from pathlib import Path
+
 import pytest
 
 from llm_release import paths
@@ -47,6 +49,9 @@ def test_w4a16_on_an_avx2_only_cpu_is_found_unservable_before_anything_is_built(
     assert support.status == "unsupported", support.reason
     assert "no kernel for this quantization scheme" in support.reason
     assert "cpu_gemm_wna16" in support.reason and "W4A16_AWQ" in support.reason
+    # the probe server's log stays beside the cached answer, the missing kernel in it
+    assert support.log is not None and "cpu_gemm_wna16" in Path(support.log).read_text()
+    assert Path(support.log).parent == (tmp_path / "probes").resolve()
     # Cached per host and runtime: the next release asks nothing of vLLM.
     again = probe_scheme(
         candidate.model_copy(update={"name": "other"}), "float32", tokenizer_dir, AVX2_HOST, runtime

@@ -68,6 +68,9 @@ class SchemeSupport(Record):
     reason: str
     seconds: float = 0.0
     cached: bool = False
+    # the probe server's own log, kept beside the cached answer (its start, its requests,
+    # the kernel it missed): why a scheme is refused, or why a fresh GPU host's probe is slow
+    log: str | None = None
 
 
 class PromptBound(Record):
@@ -212,6 +215,10 @@ def probe_scheme(
         outcome = result(
             "supported", f"{what} served a tiny {candidate.scheme} model ({served_dtype})"
         )
+    if log_path.exists():
+        kept = cache.with_suffix(".vllm.log")
+        shutil.copyfile(log_path, kept)
+        outcome = outcome.model_copy(update={"log": str(kept)})
     atomic_write_json(
         cache, outcome.model_dump(exclude={"candidate", "cached"}) | {"candidate": ""}
     )
