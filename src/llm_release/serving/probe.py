@@ -69,7 +69,8 @@ class SchemeSupport(Record):
     seconds: float = 0.0
     cached: bool = False
     # the probe server's own log, kept beside the cached answer (its start, its requests,
-    # the kernel it missed): why a scheme is refused, or why a fresh GPU host's probe is slow
+    # the kernel it missed): why a scheme is refused, or why a fresh GPU host's probe is slow.
+    # Derived from the cache's path, never stored in it.
     log: str | None = None
 
 
@@ -146,9 +147,13 @@ def probe_scheme(
         *([family] if family != "dense" else []),
     )[:16]
     cache = paths.probes_dir() / f"scheme-{key}.json"
+    kept = cache.with_suffix(".vllm.log")  # the probe server's log, beside its answer
     cached = read_cache(cache)
     if cached is not None:
-        return SchemeSupport.model_validate(cached | {"candidate": candidate.name, "cached": True})
+        found = {"log": str(kept) if kept.exists() else None}
+        return SchemeSupport.model_validate(
+            cached | found | {"candidate": candidate.name, "cached": True}
+        )
 
     def result(status: str, reason: str) -> SchemeSupport:
         return SchemeSupport(
@@ -216,11 +221,10 @@ def probe_scheme(
             "supported", f"{what} served a tiny {candidate.scheme} model ({served_dtype})"
         )
     if log_path.exists():
-        kept = cache.with_suffix(".vllm.log")
         shutil.copyfile(log_path, kept)
         outcome = outcome.model_copy(update={"log": str(kept)})
     atomic_write_json(
-        cache, outcome.model_dump(exclude={"candidate", "cached"}) | {"candidate": ""}
+        cache, outcome.model_dump(exclude={"candidate", "cached", "log"}) | {"candidate": ""}
     )
     shutil.rmtree(workdir, ignore_errors=True)
     return outcome
