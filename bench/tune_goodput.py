@@ -67,6 +67,7 @@ from llm_release.config import (  # noqa: E402
 )
 from llm_release.fileio import atomic_write_text  # noqa: E402
 from llm_release.hardware import detect  # noqa: E402
+from llm_release.results import Setting  # noqa: E402
 from llm_release.serving.serve import VllmServer  # noqa: E402
 from llm_release.serving.tune import tune_candidate  # noqa: E402
 
@@ -261,11 +262,8 @@ def trial_rows(result: dict) -> list[tuple]:
     rows = []
     for trial in result["trials"]:
         s = trial["setting"]
-        label = (
-            f"seqs={s['max_num_seqs']} prefix={'on' if s['enable_prefix_caching'] else 'off'}"
-            + (f" spec={Speculation(**s['speculation']).label()}" if s["speculation"] else "")
-            + (" (again)" if trial["again"] else "")
-        )
+        # the batch budget and utilization too: a seqs x batched grid has rows that differ there
+        label = Setting.model_validate(s).label() + (" (again)" if trial["again"] else "")
         for level in trial["levels"]:
             hit = level.get("prefix_cache_hit_rate")
             rows.append(
@@ -338,6 +336,8 @@ def main() -> None:
             f"{result.seconds:.0f} s, {len(result.trials)} starts, {result.levels_measured} levels",
             flush=True,
         )
+        for note in result.skipped:
+            print(f"  {note}", flush=True)
         payload |= {
             "model": str(args.model_dir),
             "cpu": host.cpu.model_dump(),

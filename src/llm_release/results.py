@@ -227,6 +227,10 @@ class TuneResult(Record):
     grid_size: int
     seconds: float = Field(description="measurement time: server starts and load levels")
     levels_measured: int
+    skipped: list[str] = Field(
+        default_factory=list,
+        description="steps the coordinate search did not take, and the failure that ruled them out",
+    )
 
     def pareto(self) -> list[tuple[Setting, LoadLevel]]:
         """Measured (setting, level) points no other point beats on both output tokens/s

@@ -176,6 +176,7 @@ def test_the_tune_bench_prints_each_trials_levels_with_hits_and_the_answer_check
             {
                 "setting": {
                     "max_num_seqs": 256,
+                    "max_num_batched_tokens": 2048,
                     "enable_prefix_caching": True,
                     "speculation": None,
                 },
@@ -200,8 +201,9 @@ def test_the_tune_bench_prints_each_trials_levels_with_hits_and_the_answer_check
         ]
     }
     rows = bench.trial_rows(result)
-    assert rows[0][0] == "seqs=256 prefix=on" and rows[0][5] == "62%" and rows[0][7] == ""
-    assert rows[1][0] == "seqs=256 prefix=off spec=ngram:3" and rows[1][5] == "—"
+    assert rows[0][0] == "seqs=256 batched=2048 prefix=on" and rows[0][5] == "62%"
+    assert rows[0][7] == ""
+    assert rows[1][0] == "seqs=256 batched=default prefix=off spec=ngram:3" and rows[1][5] == "—"
     assert rows[1][7] == "2 of 6 greedy answers differ"
 
 

@@ -147,6 +147,100 @@ def test_never_starts_a_setting_the_planner_refuses() -> None:
         assert any(p.setting in refused for p in result.pruned)
 
 
+class Scheduler:
+    """A server that schedules as vLLM does, in round figures: at most ``max_num_seqs``
+    requests run and the rest wait (TTFT grows with the queue), each step carries at most
+    ``max_num_batched_tokens`` tokens (a small budget delays prefills, a large one lengthens
+    the steps that carry them: ITL), and every running sequence lengthens a step."""
+
+    def __init__(self) -> None:
+        self.started: list[Setting] = []
+        self.levels = 0
+
+    @staticmethod
+    def figures(setting: Setting, c: int) -> tuple[float, float]:
+        seqs, budget = setting.max_num_seqs, setting.max_num_batched_tokens or 8192
+        running = min(seqs, c)
+        ttft = 100 + 600 * (c - running) / seqs + 300 * 2048 / budget
+        itl = 2 + 0.04 * running + budget / 2048
+        return ttft, itl
+
+    @contextmanager
+    def session(self, setting: Setting):
+        self.started.append(setting)
+
+        def probe(c: int) -> LoadLevel:
+            self.levels += 1
+            ttft, itl = self.figures(setting, c)
+            out = level(c, ttft, rps=c / 10)
+            return out.model_copy(update={"itl_p95_ms": itl})
+
+        yield probe
+
+
+SEEDS_SLO = Slo(ttft_p95_ms=1000, itl_p95_ms=10, max_error_rate=0.01)
+GRID_3X3 = Grid(max_num_seqs=[64, 128, 1024], max_num_batched_tokens=[1024, 2048, None])
+
+
+def test_on_a_3x3_grid_the_search_starts_a_third_of_it_where_the_failure_names_the_way():
+    """The 2026-12-03 grid's shape (levels 50 / 100 / 200, TTFT p95 1 s, ITL p95 10 ms):
+    the planner's start (128 sequences, vLLM's batch budget) holds 100 streams and breaks
+    the ITL objective at 200: fewer sequences or a smaller budget, never more sequences."""
+    full, tuned = Scheduler(), Scheduler()
+    best = Tuner(
+        GRID_3X3, [50, 100, 200], SEEDS_SLO, full.session, lambda s: None, step_tokens=640
+    ).exhaustive()
+    tuner = Tuner(
+        GRID_3X3,
+        [50, 100, 200],
+        SEEDS_SLO,
+        tuned.session,
+        lambda s: None,
+        step_tokens=640,
+        warmed_up=True,
+    )
+    found = tuner.coordinate(Setting(max_num_seqs=200))
+    assert best.chosen == Setting(max_num_seqs=128, max_num_batched_tokens=2048)
+    assert (found.chosen, found.chosen_goodput) == (best.chosen, 200)
+    assert len(tuned.started) * 3 <= len(full.started) and tuned.levels * 3 < full.levels
+    assert Setting(max_num_seqs=1024) not in tuned.started  # more sequences: longer steps
+    assert any(
+        note.startswith("max_num_seqs up from") and "ITL p95 11 ms > 10 ms at 200 streams" in note
+        for note in found.skipped
+    )
+
+
+def failed_at(seqs: int, c: int, ttft_ms: float, itl_ms: float, errors: int = 0):
+    from llm_release.results import Trial
+
+    measured = level(c, ttft_ms).model_copy(
+        update={"itl_p95_ms": itl_ms, "errors": errors, "error_rate": errors / 8}
+    )
+    return Trial(setting=Setting(max_num_seqs=seqs), levels=[measured], failures={c: "broke"})
+
+
+@pytest.mark.parametrize(
+    ("trial", "seqs_steps", "batched_steps"),
+    [
+        (failed_at(64, 200, 4000, 5), (1,), (1,)),  # queued: more sequences, a larger budget
+        (failed_at(256, 200, 4000, 5), (), (1,)),  # all running: only the budget can help
+        (failed_at(256, 200, 500, 15), (-1,), (-1,)),  # steps too long: fewer, smaller
+        (failed_at(64, 200, 4000, 15), (1, -1), (1, -1)),  # both objectives: either way
+        (failed_at(64, 200, 500, 5, errors=4), (1, -1), (1, -1)),  # errors: no latency to read
+    ],
+)
+def test_the_direction_of_each_step_comes_from_why_the_best_setting_failed(
+    trial, seqs_steps, batched_steps
+) -> None:
+    tuner = Tuner(
+        GRID_3X3, [50, 100, 200], SEEDS_SLO, Scheduler().session, lambda s: None, step_tokens=640
+    )
+    assert tuner.directions(trial, "max_num_seqs") == seqs_steps
+    assert tuner.directions(trial, "max_num_batched_tokens") == batched_steps
+    assert tuner.directions(trial, "enable_prefix_caching") == (1, -1)
+    assert len(tuner.skipped) == (seqs_steps != (1, -1)) + (batched_steps != (1, -1))
+
+
 def test_static_problem_and_serving_args() -> None:
     assert static_problem(Setting(max_num_seqs=16, max_num_batched_tokens=8))
     assert static_problem(Setting(max_num_seqs=16, max_num_batched_tokens=16)) is None
