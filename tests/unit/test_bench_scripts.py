@@ -2,6 +2,7 @@
 function broke canary_reliability.py unseen), and says how to run it."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -223,3 +224,71 @@ def test_the_demo_graphs_bench_compares_each_mode_with_the_first_and_refuses_an_
     with pytest.raises(SystemExit):
         bench.main(["--modes", "eager,compiled"])
     assert "--modes: choose from eager, graphs" in capsys.readouterr().err
+
+
+def _swept(figures) -> dict:
+    """A tune_goodput results file whose exhaustive run measured a 3 x 3 grid at 50 / 100 /
+    200 streams, each level's TTFT and ITL p95 from ``figures(seqs, budget, streams)``."""
+    from llm_release.results import LoadLevel, Setting
+
+    trials = []
+    for seqs in (64, 128, 1024):
+        for budget in (1024, 2048, None):
+            levels = []
+            for c in (50, 100, 200):
+                ttft, itl = figures(seqs, budget or 8192, c)
+                levels.append(
+                    LoadLevel(
+                        concurrency=c,
+                        requests=100,
+                        errors=0,
+                        error_rate=0.0,
+                        ttft_p50_ms=ttft,
+                        ttft_p95_ms=ttft,
+                        itl_p50_ms=itl,
+                        itl_p95_ms=itl,
+                        output_tokens_per_s=c * 10.0,
+                        requests_per_s=c / 10,
+                    ).model_dump(mode="json")
+                )
+            setting = Setting(max_num_seqs=seqs, max_num_batched_tokens=budget)
+            trials.append({"setting": setting.model_dump(mode="json"), "levels": levels})
+    slo = {"ttft_p95_ms": 1000.0, "itl_p95_ms": 10.0, "max_error_rate": 0.01}
+    return {
+        "load": {"prompt_tokens": 512, "output_tokens": 128},
+        "runs": {
+            "exhaustive": {"result": {"slo": slo, "levels": [50, 100, 200], "trials": trials}}
+        },
+    }
+
+
+def test_the_replay_bench_counts_the_starts_the_directions_save_at_the_same_goodput(
+    monkeypatch, tmp_path, capsys
+):
+    """vLLM's scheduler in round figures (queued requests lengthen TTFT, running ones and a
+    large budget lengthen ITL): the start (128 sequences, vLLM's budget) breaks ITL alone at
+    200 streams; the search without directions also starts 1,024 sequences (4 starts, 3)."""
+
+    def figures(seqs, budget, c):
+        running = min(seqs, c)
+        ttft = 100 + 600 * (c - running) / seqs + 300 * 2048 / budget
+        return ttft, 2 + 0.04 * running + budget / 2048
+
+    bench = _load("tune_replay", monkeypatch)
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(_swept(figures)))
+    ratios = bench.main([str(path)])
+    out = capsys.readouterr().out
+    assert ratios["ratio_goodput_directed"] == ratios["ratio_goodput_both"] == 1.0
+    assert ratios["ratio_starts"] == 0.75, out  # 3 starts against 4
+    assert "left out: max_num_seqs up from seqs=128" in out and "ITL p95 11 ms > 10 ms" in out
+    # under an ITL objective nothing breaks, the search stops at its start either way
+    assert bench.main([str(path), "--itl-slo-ms", "100"])["ratio_starts"] == 1.0
+
+
+def test_the_replay_bench_needs_an_exhaustive_run(monkeypatch, tmp_path):
+    bench = _load("tune_replay", monkeypatch)
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"runs": {"coordinate": {}}}))
+    with pytest.raises(SystemExit, match="--strategies exhaustive"):
+        bench.main([str(path)])

@@ -182,6 +182,7 @@ class Tuner:
         confirm: bool = True,
         answers: Answers | None = None,
         warmed_up: bool = False,
+        directed: bool = True,
     ) -> None:
         self.grid = grid
         self.levels = sorted(set(levels))
@@ -195,6 +196,9 @@ class Tuner:
         self.answers = answers or (lambda setting: None)
         # the session runs an unmeasured level before each server's first (load.warm_up)
         self.warmed_up = warmed_up
+        # steps only the way the best setting's failure points (``directions``); False: both
+        # ways along every dimension, the search before 2026-12-07 (bench/tune_replay.py)
+        self.directed = directed
         self.trials: dict[Setting, Trial] = {}
         self.again: list[Trial] = []  # second starts of measured settings (``confirmed``)
         self.pruned: dict[Setting, Pruned] = {}
@@ -344,7 +348,7 @@ class Tuner:
         while improved and best.goodput < top and self.starts() < self.max_settings:
             improved = False
             for dim in dims:
-                for step in self.directions(best, dim):
+                for step in self.directions(best, dim) if self.directed else (1, -1):
                     moved = False
                     while best.goodput < top and self.starts() < self.max_settings:
                         nxt = self.grid.neighbour(best.setting, dim, step)
@@ -394,11 +398,12 @@ class Tuner:
         else:
             steps = ()
             why = "TTFT p95 over the SLO with every stream running"
+        left = [s for s in both if s not in steps and self.grid.neighbour(best.setting, dim, s)]
         note = (
-            f"{dim} {'up' if -1 in steps else 'down' if 1 in steps else 'up or down'} "
+            f"{dim} {' or '.join('up' if s == 1 else 'down' for s in left)} "
             f"from {best.setting.label()} not tried: {why} at {failed} streams"
         )
-        if note not in self.skipped:
+        if left and note not in self.skipped:
             self.skipped.append(note)
             log.info("tune: %s", note)
         return steps
