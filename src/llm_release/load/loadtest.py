@@ -162,6 +162,18 @@ def data_arg(profile: LoadProfile, prompts_file: Path | None = None) -> str:
     return json.dumps(data)
 
 
+# GuideLLM draws a run's synthetic prompts from its seed (42 by default), the Nth benchmark
+# of the run from seed + N and a few offsets above it (guidellm/data/deserializers/
+# synthetic.py): a second run with the same seed sends the first run's prompts again, and
+# vLLM's prefix cache serves them. Measured in the tuner's one-run-a-level sweeps before
+# 2026-12-07: 97% of the prompt tokens from the cache at every level after a server's first
+# (one H100, 512-token prompts), 81% on 2 CPU cores (128-token prompts), against 3% in the
+# release's one-run sweep. Runs that must not see each other's prompts take seeds this far
+# apart.
+GUIDELLM_SEED = 42
+PROMPT_SEED_STRIDE = 1000
+
+
 def build_command(
     base_url: str,
     served_name: str,
@@ -174,6 +186,7 @@ def build_command(
     scenario: Path | None = None,
     prompts_file: Path | None = None,
     warm_up: int | None = None,
+    prompt_seed: int | None = None,
 ) -> list[str]:
     """GuideLLM's command line. ``scenario``: a JSON file GuideLLM merges under the
     options (``secret_scenario``: the server's key, which never goes into argv).
@@ -181,7 +194,9 @@ def build_command(
     their order), its benchmark the report's first; ``parse_report`` leaves it out. It
     sends one wave, a request a stream (at most ``requests_per_level``): GuideLLM takes a
     list of counts, one a benchmark (GuideLLM 0.8.1 does not keep a short list's last count
-    for the benchmarks past its end: [4, 8] gave 4, 8, 4), so the list names each level's."""
+    for the benchmarks past its end: [4, 8] gave 4, 8, 4), so the list names each level's.
+    ``prompt_seed``: GuideLLM's ``--seed`` (None: its default, 42), from which its synthetic
+    prompts are drawn: two runs with one seed send the same prompts (``PROMPT_SEED_STRIDE``)."""
     levels = ([warm_up] if warm_up else []) + list(profile.concurrencies)
     streams = ",".join(str(c) for c in levels)
     count = profile.requests_per_level
@@ -217,6 +232,7 @@ def build_command(
         "--constraint",
         f"kind=max_duration,seconds={profile.max_seconds_per_level}",
         *slo_metrics(slo),
+        *(["--seed", f"kind=static,value={prompt_seed}"] if prompt_seed is not None else []),
         "--output",
         f"kind=json,path={output_path}",
     ]
@@ -362,6 +378,7 @@ def _run_guidellm(
     cache: CacheSampler | None = None,
     prompts_file: Path | None = None,
     warm_up: int | None = None,
+    prompt_seed: int | None = None,
 ) -> list[LoadLevel]:
     env = child_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")  # no secrets for GuideLLM
     runs = len(profile.concurrencies) + (1 if warm_up else 0)
@@ -379,6 +396,7 @@ def _run_guidellm(
                 scenario=scenario,
                 prompts_file=prompts_file,
                 warm_up=warm_up,
+                prompt_seed=prompt_seed,
             ),
             cpus,
         )
@@ -448,6 +466,14 @@ class GuideLLMHung(LoadTestError):
     """GuideLLM ran past its levels' time limits plus two minutes and was stopped."""
 
 
+def prompt_seed(run_index: int, attempt: int) -> int | None:
+    """GuideLLM's seed for a server's ``run_index``-th load test, ``attempt``-th try: None
+    (GuideLLM's default) for a server's first run, first try, so the release's load test's
+    command is GuideLLM's own; else a seed whose prompts no earlier run of that server sent."""
+    step = run_index * 16 + (attempt - 1)  # 16 tries a run: run_load_test makes at most 3
+    return None if step == 0 else GUIDELLM_SEED + step * PROMPT_SEED_STRIDE
+
+
 def run_load_test(
     base_url: str,
     served_name: str,
@@ -461,6 +487,7 @@ def run_load_test(
     cpus: list[int] | None = None,
     prompts: list[Messages] | None = None,
     warm_up_at: int | None = None,
+    run_index: int = 0,
 ) -> LoadResult:
     """Run the sweep; a level GuideLLM closed early is run again, at most ``max_attempts``
     times in all, and the fullest measurement of each level is kept. A run GuideLLM hung in
@@ -474,7 +501,9 @@ def run_load_test(
     eval set: load and evaluation are independent rooms); required with it.
     With ``profile.warm_up`` the first run starts with an unmeasured level at
     ``warm_up_at`` streams (None: the profile's top concurrency); a run again starts on a
-    server already warm."""
+    server already warm. ``run_index``: how many load tests this server has run before (the
+    tuner's sweeps run one a level): each run, and each retry of one, draws synthetic
+    prompts the server has not seen (``prompt_seed``)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_file = None
     if profile.prompts_from is not None:
@@ -504,6 +533,7 @@ def run_load_test(
                     cache=cache,
                     prompts_file=prompts_file,
                     warm_up=warm_up if attempt == 1 else None,
+                    prompt_seed=prompt_seed(run_index, attempt),
                 )
             except GuideLLMHung as exc:
                 if hung or attempt >= max_attempts:

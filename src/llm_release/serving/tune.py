@@ -517,13 +517,15 @@ def vllm_session(
                 atomic_write_text(folder / "answers.json", json.dumps(answers[setting], indent=1))
 
             warm = profile.warm_up
+            runs = 0
 
             def probe(concurrency: int) -> LoadLevel:
                 # the server's first level only follows a warm-up, at the top level: every
                 # batch size the sweep can reach has been through the server once
-                nonlocal warm
+                nonlocal warm, runs
                 one = profile.model_copy(update={"concurrencies": [concurrency], "warm_up": warm})
                 warm = False
+                runs += 1
                 result = run_load_test(
                     server.base_url,
                     served_names[0],
@@ -533,6 +535,9 @@ def vllm_session(
                     request_body=request_body,
                     prompts=traffic,
                     warm_up_at=max(profile.concurrencies),
+                    # prompts the server has not seen: its prefix cache would serve a
+                    # level's prompts sent again (97% of the tokens on an H100 before)
+                    run_index=runs - 1,
                 )
                 return result.levels[0]
 

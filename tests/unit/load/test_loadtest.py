@@ -275,6 +275,35 @@ def test_only_a_load_tests_first_run_warms_up(monkeypatch, tmp_path):
     assert warm[3] is None and result.warm_up is None
 
 
+def test_no_run_of_a_server_resends_an_earlier_runs_prompts(monkeypatch, tmp_path):
+    """GuideLLM draws synthetic prompts from its seed: a second run with the same seed sends
+    the first run's prompts again and vLLM's prefix cache serves them (97% of the prompt
+    tokens at every level after a server's first in the tuner's sweeps on an H100). A
+    server's first run keeps GuideLLM's own seed; every later run and every retry gets one
+    of its own."""
+    seeds: list[int | None] = []
+
+    def run(base_url, served_name, tokenizer_dir, profile, *args, prompt_seed=None, **kwargs):
+        seeds.append(prompt_seed)
+        # each run's first try closes level 1 early: it is tried again
+        return [level(c, 2 if len(seeds) % 2 and c == 1 else 4) for c in profile.concurrencies]
+
+    monkeypatch.setattr(loadtest, "_run_guidellm", run)
+    for index in range(3):
+        loadtest.run_load_test(
+            "http://x", "m", tmp_path, PROFILE, tmp_path / f"r{index}", run_index=index
+        )
+    assert seeds[0] is None and len(seeds) == 6
+    assert len(set(seeds)) == 6 and all(s % loadtest.PROMPT_SEED_STRIDE == 42 for s in seeds[1:])
+    cmd = loadtest.build_command(
+        "http://x", "m", Path("/tok"), PROFILE, Path("/r"), prompt_seed=seeds[1]
+    )
+    assert cmd[cmd.index("--seed") + 1] == f"kind=static,value={seeds[1]}"
+    assert "--seed" not in loadtest.build_command(
+        "http://x", "m", Path("/tok"), PROFILE, Path("/r")
+    )
+
+
 def test_a_file_that_is_not_a_guidellm_report_is_one_line(tmp_path):
     path = tmp_path / "guidellm.json"
     path.write_text('{"benchmarks": [{"config": {}}]}')

@@ -451,9 +451,11 @@ def test_a_servers_first_level_alone_follows_a_warm_up_at_the_top_level(monkeypa
     from llm_release.serving import tune
 
     asked: list[tuple[list[int], bool, int | None]] = []
+    runs: list[int] = []
 
     def load_test(base_url, name, tokenizer_dir, profile, out_dir, **kwargs):
         asked.append((profile.concurrencies, profile.warm_up, kwargs.get("warm_up_at")))
+        runs.append(kwargs["run_index"])
         return type("Result", (), {"levels": [level(profile.concurrencies[0], 100)]})
 
     monkeypatch.setattr(tune, "make_server", lambda *args, **kwargs: StandInServer())
@@ -466,6 +468,8 @@ def test_a_servers_first_level_alone_follows_a_warm_up_at_the_top_level(monkeypa
             probe(1)
             probe(4)
     assert asked == [([1], True, 16), ([4], False, 16)] * 2
+    # each level of a server is a run of its own with prompts the server has not seen
+    assert runs == [0, 1] * 2
     off = profile.model_copy(update={"warm_up": False})
     with tune.vllm_session(tmp_path, ["m"], ServingConfig(), tmp_path, off, tmp_path)(
         Setting(max_num_seqs=4)
