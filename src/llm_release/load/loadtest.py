@@ -101,9 +101,13 @@ def slo_metrics(slo: Slo | None) -> list[str]:
 Messages = list[dict[str, str]]
 
 
-def write_prompts(prompts: list[Messages], profile: LoadProfile, path: Path) -> Path:
+def write_prompts(
+    prompts: list[Messages], profile: LoadProfile, path: Path, run_index: int = 0
+) -> Path:
     """GuideLLM's data file for ``prompts`` (a load profile's ``prompts_from``): one row a
-    request of the sweep, the prompts cycled in order, each with its system message as
+    request of the sweep, the prompts cycled in order (a server's ``run_index``-th run goes
+    on where the runs before it left off, as one run of all their levels would), each with
+    its system message as
     GuideLLM's ``system_prompt`` column (its chat requests send it as the system message,
     guidellm/backends/openai/request_handlers.py), its user text as ``prompt`` and the
     profile's output length as ``output_tokens_count``."""
@@ -112,10 +116,11 @@ def write_prompts(prompts: list[Messages], profile: LoadProfile, path: Path) -> 
             f"the load profile's prompts_from {profile.prompts_from!r} gave no prompts",
             hint="name an eval set with items (llm-release eval-sets list)",
         )
-    rows = max(len(prompts), profile.requests_per_level * len(profile.concurrencies))
+    sent = profile.requests_per_level * len(profile.concurrencies)  # a run's requests
+    rows = max(len(prompts), sent)
     with path.open("w") as out:
         for index in range(rows):
-            messages = prompts[index % len(prompts)]
+            messages = prompts[(run_index * sent + index) % len(prompts)]
             system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
             row = {
                 "prompt": "\n\n".join(m["content"] for m in messages if m["role"] == "user"),
@@ -503,11 +508,14 @@ def run_load_test(
     ``warm_up_at`` streams (None: the profile's top concurrency); a run again starts on a
     server already warm. ``run_index``: how many load tests this server has run before (the
     tuner's sweeps run one a level): each run, and each retry of one, draws synthetic
-    prompts the server has not seen (``prompt_seed``)."""
+    prompts the server has not seen (``prompt_seed``), and an eval set's prompts go on where
+    the server's last run left off (``write_prompts``; a set smaller than a run repeats)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_file = None
     if profile.prompts_from is not None:
-        prompts_file = write_prompts(prompts or [], profile, out_dir / "prompts.jsonl")
+        prompts_file = write_prompts(
+            prompts or [], profile, out_dir / "prompts.jsonl", run_index=run_index
+        )
     measured: dict[int, LoadLevel] = {}
     pending = list(profile.concurrencies)
     attempt = 0

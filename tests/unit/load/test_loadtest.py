@@ -378,6 +378,15 @@ def test_an_eval_sets_prompts_become_guidellms_data_file_cycled_over_the_sweep(t
         "http://x", "m", tmp_path, profile, tmp_path / "r.json", prompts_file=path
     )
     assert command[command.index("--data") + 1] == json.dumps(data)
+    # a server's next run (the tuner's next level) goes on where this one left off: with
+    # more items than a run's requests, the next run's are items not sent yet
+    texts = [chat(f"q{i}") for i in range(10)]
+    few = profile.model_copy(update={"requests_per_level": 2})  # 4 requests a run
+    runs = [
+        loadtest.write_prompts(texts, few, tmp_path / f"{i}.jsonl", run_index=i) for i in (0, 1)
+    ]
+    sent = [[json.loads(x)["prompt"] for x in f.read_text().splitlines()][:4] for f in runs]
+    assert sent == [["q0", "q1", "q2", "q3"], ["q4", "q5", "q6", "q7"]]
 
 
 def test_prompts_from_a_set_that_gave_none_is_one_line_before_guidellm(monkeypatch, tmp_path):
