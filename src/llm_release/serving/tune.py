@@ -24,7 +24,7 @@ A server start dominates the cost (about 85 s for SmolLM2 on 2 loaded cores agai
   vLLM's scheduler: at most ``max_num_seqs`` requests run and the rest wait, and each step
   carries at most ``max_num_batched_tokens`` tokens, prefill chunks beside the decodes):
   TTFT alone over the SLO with fewer sequences than streams — requests queued: more
-  sequences; with every stream running, fewer cannot help; ITL alone over it — steps too
+  sequences (with every stream running, both ways); ITL alone over it — steps too
   long: fewer sequences or a smaller batch budget; TTFT alone — prefill waits for budget:
   a larger one. Both over it, errors, or another dimension: both directions. On a 3 × 3 grid
   this is what brings the search to a third of the grid's starts (the GPU time is in the
@@ -371,8 +371,8 @@ class Tuner:
 
     def directions(self, best: Trial, dim: str) -> tuple[int, ...]:
         """The steps along ``dim`` that can raise ``best``'s goodput, read from its first
-        failing level (see the module's notes); both where that level does not say, and
-        none where it says neither can. A direction left out is noted in ``self.skipped``."""
+        failing level (see the module's notes); both where that level does not say. A
+        direction left out is noted in ``self.skipped``."""
         both = (1, -1)
         failed = min(best.failures, default=None)
         level = next((lv for lv in best.levels if lv.concurrency == failed), None)
@@ -396,8 +396,9 @@ class Tuner:
             steps = (1,)
             why = f"TTFT p95 over the SLO with {seqs} sequences running, the rest queued"
         else:
-            steps = ()
-            why = "TTFT p95 over the SLO with every stream running"
+            # every stream ran: no queue to read; fewer sequences leave more of each step's
+            # budget to prefills, and one start's TTFT differs from the next's by up to 30%
+            return both
         left = [s for s in both if s not in steps and self.grid.neighbour(best.setting, dim, s)]
         note = (
             f"{dim} {' or '.join('up' if s == 1 else 'down' for s in left)} "

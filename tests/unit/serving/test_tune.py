@@ -223,7 +223,7 @@ def failed_at(seqs: int, c: int, ttft_ms: float, itl_ms: float, errors: int = 0)
     ("trial", "seqs_steps", "batched_steps", "notes"),
     [
         (failed_at(128, 200, 4000, 5), (1,), (1,), 2),  # queued: more sequences, more budget
-        (failed_at(128, 100, 4000, 5), (), (1,), 2),  # all running: only the budget can help
+        (failed_at(128, 100, 4000, 5), (1, -1), (1,), 1),  # all running: no queue to read
         # steps too long: fewer sequences, a smaller budget (vLLM's is the largest: no note)
         (failed_at(128, 200, 500, 15), (-1,), (-1,), 1),
         (failed_at(128, 200, 4000, 15), (1, -1), (1, -1), 0),  # both objectives: either way
