@@ -385,13 +385,11 @@ class Tuner:
         if slow_first == slow_steps:
             return both
         seqs = best.setting.max_num_seqs
+        why = level_verdict(level, self.slo)  # the one objective it broke
         if slow_steps:
-            steps, why = (-1,), f"ITL p95 {level.itl_p95_ms:.0f} ms > {self.slo.itl_p95_ms:.0f} ms"
+            steps = (-1,)
         elif dim == "max_num_batched_tokens":
-            steps, why = (
-                (1,),
-                f"TTFT p95 {level.ttft_p95_ms:.0f} ms > {self.slo.ttft_p95_ms:.0f} ms",
-            )
+            steps = (1,)
         elif seqs < failed:
             steps = (1,)
             why = f"TTFT p95 over the SLO with {seqs} sequences running, the rest queued"
@@ -517,15 +515,15 @@ def vllm_session(
                 )
                 atomic_write_text(folder / "answers.json", json.dumps(answers[setting], indent=1))
 
-            warm = profile.warm_up
-            runs = 0
+            runs = 0  # load tests this server has run
 
             def probe(concurrency: int) -> LoadLevel:
                 # the server's first level only follows a warm-up, at the top level: every
                 # batch size the sweep can reach has been through the server once
-                nonlocal warm, runs
-                one = profile.model_copy(update={"concurrencies": [concurrency], "warm_up": warm})
-                warm = False
+                nonlocal runs
+                one = profile.model_copy(
+                    update={"concurrencies": [concurrency], "warm_up": profile.warm_up and not runs}
+                )
                 runs += 1
                 result = run_load_test(
                     server.base_url,
