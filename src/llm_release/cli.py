@@ -627,11 +627,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(f"--gpus {args.gpus!r} is not a comma-separated list of counts") from exc
     memory_note = None
-    gpu_memory = args.gpu_memory_gib
+    gpu_memory, gpu_name = args.gpu_memory_gib, args.gpu_name
     if gpu_memory is None and not args.cpu_kvcache_gib:
-        from llm_release.hardware import ASSUMED_GPU_MEMORY_GIB, gpu_memory_gib
+        from llm_release.hardware import ASSUMED_GPU_MEMORY_GIB, gpu_memory_gib, gpu_names
 
         gpu_memory = gpu_memory_gib()
+        if gpu_name is None and gpu_memory:
+            gpu_name = gpu_names()[0]
         memory_note = (
             f"GPU memory: {gpu_memory:.2f} GiB per GPU, read from GPU 0"
             if gpu_memory
@@ -658,6 +660,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     request = planner.PlanRequest(
         device="cpu" if args.cpu_kvcache_gib else "gpu",
         gpu_memory_gib=gpu_memory or 80.0,
+        gpu_name=gpu_name or "",
         gpu_counts=gpus or [1],
         gpu_memory_utilization=chosen["gpu_memory_utilization"],
         cpu_kvcache_space_gib=args.cpu_kvcache_gib or 1,
@@ -812,6 +815,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="memory per GPU (default: GPU 0's as torch reads it; 80 when there is no GPU)",
+    )
+    plan.add_argument(
+        "--gpu-name",
+        default=None,
+        help="the GPU's name as vLLM reads it (default: GPU 0's when its memory is read; an "
+        "A100 gets vLLM's smaller batch defaults, 256 sequences and 2,048 tokens a step)",
     )
     plan.add_argument("--gpus", default="1,2,4,8", help="tensor-parallel sizes to try")
     plan.add_argument(

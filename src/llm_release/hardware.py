@@ -92,7 +92,7 @@ def parse_cpuinfo(text: str, cores: int) -> CpuInfo:
     return CpuInfo(model_name=model_name, cores=cores, flags=[f for f in ISA_FLAGS if f in flags])
 
 
-def _gpu_names() -> list[str]:
+def gpu_names() -> list[str]:
     try:
         import torch
     except ImportError:
@@ -147,7 +147,7 @@ def detect() -> Hardware:
                 "flags": [f for f in ISA_FLAGS if f in flags],
             }
         )
-    return Hardware(cpu=cpu, machine=platform.machine(), gpus=_gpu_names())
+    return Hardware(cpu=cpu, machine=platform.machine(), gpus=gpu_names())
 
 
 def compute_dtype(hardware: Hardware) -> Literal["auto", "float32"]:

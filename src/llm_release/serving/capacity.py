@@ -52,6 +52,7 @@ def _request(
         serving.model_copy(update={"tensor_parallel_size": 1}) if auto else serving,
         device="gpu" if host.cuda else "cpu",
         gpu_memory_gib=(gpu_memory_gib or _gpu_memory_gib()) if host.cuda else 80.0,
+        gpu_name=host.gpus[0] if host.cuda else "",
         dtype=dtype,
     )
     if auto:
@@ -308,6 +309,20 @@ def plan_for_dir(
         else planner.estimate_weights(arch, "bf16", with_mtp=request.speculative_mtp)
     )
     return planner.plan(arch, weights, request)
+
+
+def default_batched_tokens(serving: ServingConfig, host: Hardware) -> int:
+    """The budget vLLM gives ``serving``'s server on ``host`` when no
+    --max-num-batched-tokens is passed (arg_utils.get_batch_defaults)."""
+    tp = serving.tensor_parallel_size
+    return planner.default_batched_tokens(
+        planner.Runtime(
+            device="gpu" if host.cuda else "cpu",
+            tensor_parallel_size=1 if tp == "auto" else tp,
+            gpu_memory_gib=_gpu_memory_gib() if host.cuda else 80.0,
+            gpu_name=host.gpus[0] if host.cuda else "",
+        )
+    )
 
 
 def resolve_batch(model_dir: Path, serving: ServingConfig, host: Hardware) -> ServingConfig:

@@ -96,6 +96,11 @@ class Grid(Record):
     enable_prefix_caching: list[bool] = Field(default_factory=lambda: [True])
     gpu_memory_utilization: list[float | None] = Field(default_factory=lambda: [None])
     speculation: list[Speculation | None] = Field(default_factory=lambda: [None])
+    default_batched_tokens: int | None = Field(
+        None,
+        description="vLLM's own budget where max_num_batched_tokens is None (its default "
+        "sorts there); None: larger than every value",
+    )
 
     def values(self, dim: str) -> list:
         raw = getattr(self, dim)
@@ -110,8 +115,14 @@ class Grid(Record):
                     v and v.num_speculative_tokens,
                 ),
             )
-        # None (vLLM's default) sorts last: it is the largest budget on the CPU (2048 × TP)
-        return sorted(set(raw), key=lambda v: (v is None, v or 0))
+        if dim == "max_num_batched_tokens":
+            # None (vLLM's default) sorts at vLLM's own budget, after an equal value
+            default = self.default_batched_tokens
+            return sorted(
+                set(raw),
+                key=lambda v: (v, 0) if v is not None else (default or float("inf"), 1),
+            )
+        return sorted(set(raw), key=lambda v: (v is None, v or 0))  # None: vLLM's default
 
     def points(self) -> list[Setting]:
         return [
@@ -643,6 +654,7 @@ def tune_candidate(
         gpu_memory_utilization=utils,
         # the candidate's own speculation is a choice too, never dropped unmeasured
         speculation=[*tune.speculation, serving.speculation],
+        default_batched_tokens=capacity.default_batched_tokens(serving, host),
     )
     slo = slo_for(gates, tune.itl_p95_slo_ms)
     batched = _flag(serving.extra_args, "--max-num-batched-tokens")

@@ -98,8 +98,14 @@ def graph_bytes(graphs: int) -> int:
     return int(GRAPH_FIRST_CAPTURE_BYTES + (graphs - 1) * per_graph)
 
 
+def large_gpu(gpu_memory_gib: float, gpu_name: str = "") -> bool:
+    """vLLM's larger batch defaults: a GPU of at least 70 GiB that is not an A100
+    (arg_utils.get_batch_defaults reads the device's name: large batches slowed A100s)."""
+    return gpu_memory_gib >= 70 and "a100" not in gpu_name.lower()
+
+
 def vllm_default_max_num_seqs(gpu_memory_gib: float, gpu_name: str = "") -> int:
-    if gpu_memory_gib >= 70 and "a100" not in gpu_name.lower():
+    if large_gpu(gpu_memory_gib, gpu_name):
         return VLLM_DEFAULT_SEQS_LARGE_GPU
     return VLLM_DEFAULT_SEQS
 

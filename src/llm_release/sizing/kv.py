@@ -11,6 +11,7 @@ from pydantic import Field
 
 from llm_release.errors import ConfigError
 from llm_release.sizing.architecture import LayerKind, ModelArch, Record
+from llm_release.sizing.cudagraphs import large_gpu
 
 # ---------------------------------------------------------------- KV math (vLLM 0.32)
 
@@ -24,11 +25,12 @@ class Runtime(Record):
     block_size: int | None = Field(None, description="None: vLLM's default (GPU 16, CPU 128)")
     max_num_batched_tokens: int | None = Field(
         None,
-        description="None: vLLM's API-server default (GPU ≥160 GiB: 16384, ≥70 GiB: 8192, "
-        "else 2048; CPU: 2048 × TP)",
+        description="None: vLLM's API-server default (GPU ≥160 GiB: 16384, ≥70 GiB and not "
+        "an A100: 8192, else 2048; CPU: 2048 × TP)",
     )
     enable_prefix_caching: bool = True
     gpu_memory_gib: float = 80.0
+    gpu_name: str = Field("", description="the GPU's name: vLLM gives an A100 smaller defaults")
     async_scheduling: bool | None = Field(
         None,
         description="vLLM's scheduler overlapping two steps (None: its default, on for a "
@@ -69,7 +71,7 @@ def default_batched_tokens(runtime: Runtime) -> int:
         return 2048 * runtime.tensor_parallel_size  # arg_utils.get_batch_defaults, CPU
     if runtime.gpu_memory_gib >= 160:  # B200-class: arg_utils.get_batch_defaults
         return 16384
-    return 8192 if runtime.gpu_memory_gib >= 70 else 2048  # (an A100-80GB gets 2048)
+    return 8192 if large_gpu(runtime.gpu_memory_gib, runtime.gpu_name) else 2048
 
 
 def in_flight_tokens(runtime: Runtime) -> int:

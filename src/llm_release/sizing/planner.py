@@ -44,6 +44,7 @@ from llm_release.sizing.weights import (
 class PlanRequest(Record):
     device: Literal["gpu", "cpu"] = "gpu"
     gpu_memory_gib: float = Field(80.0, gt=0)
+    gpu_name: str = Field("", description="the GPU's name (vLLM gives an A100 smaller defaults)")
     gpu_counts: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     cpu_kvcache_space_gib: int = Field(1, ge=1)
@@ -273,7 +274,9 @@ def captures_full_graphs(arch: ModelArch, request: PlanRequest, runtime: Runtime
 
 def request_max_num_seqs(request: PlanRequest) -> int:
     """The server's max_num_seqs: the request's, else vLLM's default for the GPU."""
-    return request.max_num_seqs or vllm_default_max_num_seqs(request.gpu_memory_gib)
+    return request.max_num_seqs or vllm_default_max_num_seqs(
+        request.gpu_memory_gib, request.gpu_name
+    )
 
 
 def estimate_overhead_bytes(
@@ -394,6 +397,7 @@ def request_for_serving(
     *,
     device: Literal["gpu", "cpu"],
     gpu_memory_gib: float = 80.0,
+    gpu_name: str = "",
     dtype: str | None = None,
     concurrency: int | None = None,
     extra_args: list[str] | None = None,
@@ -439,6 +443,7 @@ def request_for_serving(
         return PlanRequest(
             device=device,
             gpu_memory_gib=gpu_memory_gib,
+            gpu_name=gpu_name,
             gpu_counts=[int(tp)] if tp else [1],
             gpu_memory_utilization=serving.gpu_memory_utilization,
             cpu_kvcache_space_gib=serving.cpu_kvcache_space_gib,

@@ -348,3 +348,19 @@ def test_the_hosts_a_measurement_may_go_to_are_those_the_plan_says_it_fits(h200_
     planned = as_planned(_auto(), plan_release(_auto(), _gpus(1), files))
     assert fleet_fits(planned, _gpus(1), files, fleet, "gpu_a") == ["gpu_b", "gpu_e"]
     assert fleet_fits(_auto(), _gpus(1), files, [], "gpu_a") == []
+
+
+@pytest.mark.parametrize(
+    ("gpus", "tp", "tokens"),
+    [(["NVIDIA H200"], 1, 8192), (["NVIDIA A100-SXM4-80GB"], 1, 2048), ([], 2, 4096)],
+)
+def test_vllms_own_step_budget_for_a_server_on_this_host(monkeypatch, gpus, tp, tokens):
+    from llm_release import hardware
+    from llm_release.config import ServingConfig
+    from llm_release.serving.capacity import default_batched_tokens
+
+    memory = 139.8 if gpus == ["NVIDIA H200"] else 79.2
+    monkeypatch.setattr(hardware, "gpu_memory_gib", lambda: memory)
+    host = CPU.model_copy(update={"gpus": gpus})
+    serving = ServingConfig(tensor_parallel_size=tp)
+    assert default_batched_tokens(serving, host) == tokens

@@ -178,6 +178,18 @@ class Scheduler:
         yield probe
 
 
+def test_vllms_default_budget_sorts_where_vllms_own_value_is():
+    """A step of the budget dimension goes to the next larger budget: vLLM's default (None)
+    is 8,192 tokens on an H100, smaller than an explicit 16,384."""
+    grid = Grid(max_num_seqs=[8], max_num_batched_tokens=[16384, None, 1024, 8192])
+    assert grid.values("max_num_batched_tokens") == [1024, 8192, 16384, None]
+    on_h100 = grid.model_copy(update={"default_batched_tokens": 8192})
+    assert on_h100.values("max_num_batched_tokens") == [1024, 8192, None, 16384]
+    start = Setting(max_num_seqs=8, max_num_batched_tokens=None)
+    assert on_h100.neighbour(start, "max_num_batched_tokens", 1).max_num_batched_tokens == 16384
+    assert on_h100.neighbour(start, "max_num_batched_tokens", -1).max_num_batched_tokens == 8192
+
+
 SEEDS_SLO = Slo(ttft_p95_ms=1000, itl_p95_ms=10, max_error_rate=0.01)
 GRID_3X3 = Grid(max_num_seqs=[64, 128, 1024], max_num_batched_tokens=[1024, 2048, None])
 

@@ -15,7 +15,7 @@ from llm_release.sizing.batch import (
     seqs_bytes,
     vllm_default_max_num_seqs,
 )
-from llm_release.sizing.kv import Runtime, kv_layout
+from llm_release.sizing.kv import Runtime, default_batched_tokens, kv_layout
 from llm_release.sizing.planner import request_runtime
 
 DATA = Path(__file__).parents[1] / "data" / "gpu"
@@ -40,6 +40,20 @@ def test_vllms_own_default_by_gpu():
     assert vllm_default_max_num_seqs(139.8, "NVIDIA H200") == 1024
     assert vllm_default_max_num_seqs(79.2, "NVIDIA A100-SXM4-80GB") == 256
     assert vllm_default_max_num_seqs(44.0, "NVIDIA L40S") == 256
+
+
+@pytest.mark.parametrize(
+    ("memory", "name", "tokens"),
+    [
+        (139.8, "NVIDIA H200", 8192),
+        (178.4, "NVIDIA B200", 16384),
+        (79.2, "NVIDIA H100 80GB HBM3", 8192),
+        (79.2, "NVIDIA A100-SXM4-80GB", 2048),  # large batches slowed A100s (vLLM PR 17885)
+        (44.0, "NVIDIA L40S", 2048),
+    ],
+)
+def test_vllms_own_step_budget_by_gpu(memory, name, tokens):
+    assert default_batched_tokens(Runtime(gpu_memory_gib=memory, gpu_name=name)) == tokens
 
 
 def test_the_seeds_shape_gets_the_sequences_of_its_workload_not_of_32k():

@@ -45,3 +45,14 @@ def test_plan_reads_eager_and_unmodelled_flags_from_extra_args(tiny_model_dir, t
     result = _request(capsys, argv + ["--config", str(config)])
     assert result["request"]["enforce_eager"] is True
     assert any(n.startswith("--cpu-offload-gb 2 (") for n in result["notes"])
+
+
+def test_an_a100_is_planned_with_vllms_smaller_batch_defaults(tiny_model_dir, capsys):
+    """vLLM gives a GPU of ≥70 GiB 1,024 sequences and 8,192 tokens a step, but an A100 of
+    80 GB 256 and 2,048 (arg_utils.get_batch_defaults reads the device name): fewer graphs."""
+    base = ["plan", str(tiny_model_dir), "--gpus", "1", "--gpu-memory-gib", "79.2"]
+    base += ["--vllm-version", "0.32.0", "--max-model-len", "1024", "--json"]
+    a100 = _request(capsys, [*base, "--gpu-name", "NVIDIA A100-SXM4-80GB"])
+    h100 = _request(capsys, [*base, "--gpu-name", "NVIDIA H100 80GB HBM3"])
+    assert a100["request"]["gpu_name"] == "NVIDIA A100-SXM4-80GB"
+    assert 0 < a100["options"][0]["cuda_graph_bytes"] < h100["options"][0]["cuda_graph_bytes"]
