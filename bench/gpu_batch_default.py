@@ -10,6 +10,12 @@ project's load test (GuideLLM), then stopped:
                    request_tokens 768, what a release with this load profile sets)
   vllm-default     max_num_seqs 1024, vLLM's own default on a GPU of >= 70 GiB (what a
                    plain ``vllm serve`` gets; the project passes every other flag alike)
+  vllm-default-moe-sibling
+                   vllm-default with the fused-MoE tile config vLLM ships for the other
+                   Hopper (H100 80GB <-> H200) where it ships none for this GPU and the
+                   shape's experts (E, N at one GPU), given by VLLM_TUNED_CONFIG_FOLDER
+                   (vLLM 0.26 has E=128,N=768 for the H200 only, E=256,N=512 for the
+                   H100 only; without one the kernel runs on a generic tile config)
   start-only       the project's default started and stopped once its KV lines are
                    printed (where vLLM's own default refused to start)
   tuned            the project's tuner (``tune.tune_candidate``, coordinate search from
@@ -45,7 +51,9 @@ sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
 sys.path.insert(0, str(ROOT))
 
 LEVELS = [10, 50, 100]
-SETTINGS = ("project-default", "vllm-default", "start-only", "tuned")
+SETTINGS = ("project-default", "vllm-default", "vllm-default-moe-sibling", "start-only", "tuned")
+# Hopper siblings of one SM count (132): a tile config of one is a measured guess for the other.
+MOE_SIBLINGS = {"NVIDIA_H100_80GB_HBM3": "NVIDIA_H200", "NVIDIA_H200": "NVIDIA_H100_80GB_HBM3"}
 # The seeds' TTFT (3.8 s p95 on their own serving) and a decode ceiling a chat user reads at.
 TTFT_SLO_S = 3.8
 ITL_SLO_MS = 100.0
@@ -54,7 +62,7 @@ ITL_SLO_MS = 100.0
 def serving_for(setting: str, util: float, flags: list[str]):
     from llm_release.config import ServingConfig
 
-    seqs = 1024 if setting == "vllm-default" else None
+    seqs = 1024 if setting.startswith("vllm-default") else None
     return ServingConfig(
         max_model_len=32768,
         max_num_seqs=seqs,
@@ -182,6 +190,18 @@ def run_setting(
         row["healthy"] = True
         row["wall_s"] = round(searched.seconds, 1)
         return row
+    if setting == "vllm-default-moe-sibling":
+        import torch
+
+        try:
+            folder, row["moe_config"] = moe_sibling_folder(
+                model_dir, work, torch.cuda.get_device_name(0).replace(" ", "_")
+            )
+        except ValueError as exc:
+            return {**row, "healthy": False, "error": str(exc)}
+        os.environ["VLLM_TUNED_CONFIG_FOLDER"] = str(folder)  # the server's env is ours
+    else:
+        os.environ.pop("VLLM_TUNED_CONFIG_FOLDER", None)
     server = VllmServer(
         model_dir, [shape], serving, run / "vllm.log", owner=Owner(candidate=setting)
     )
@@ -208,6 +228,35 @@ def run_setting(
         row.setdefault("max_num_seqs", server.serving.max_num_seqs)
     row["wall_s"] = round(time.monotonic() - started, 1)
     return row
+
+
+def moe_sibling_folder(model_dir: Path, work: Path, device: str) -> tuple[Path, str]:
+    """A VLLM_TUNED_CONFIG_FOLDER holding the sibling GPU's shipped fused-MoE config under
+    this GPU's file name (vLLM's get_config_file_name: E, N at one GPU, no dtype for bf16),
+    and what it holds; ValueError where vLLM ships this GPU's own or no sibling's."""
+    import subprocess
+
+    config = json.loads((model_dir / "config.json").read_text())
+    config = config.get("text_config", config)
+    experts, n = config["num_experts"], config["moe_intermediate_size"]
+    device = "NVIDIA_H200" if "H200" in device.split("_") else device
+    sibling = MOE_SIBLINGS.get(device)
+    if sibling is None:
+        raise ValueError(f"no Hopper sibling known for {device}")
+    python = os.environ.get("LLM_RELEASE_VLLM_PYTHON", str(ROOT / ".venv-vllm/bin/python"))
+    find = "import importlib.util as u, os; print(os.path.dirname(u.find_spec('vllm').origin))"
+    vllm_dir = Path(subprocess.check_output([python, "-c", find], text=True).strip())
+    shipped = vllm_dir / "model_executor/layers/fused_moe/configs"
+    name = f"E={experts},N={n},device_name={{}}.json"
+    if (shipped / name.format(device)).exists():
+        raise ValueError(f"vLLM ships {name.format(device)}: nothing to borrow")
+    source = shipped / name.format(sibling)
+    if not source.exists():
+        raise ValueError(f"vLLM ships no {source.name} to borrow")
+    folder = work / "moe-configs"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name.format(device)).write_text(source.read_text())
+    return folder, f"{source.name} as {name.format(device)}"
 
 
 def load_rows(levels) -> list[dict]:
@@ -239,14 +288,14 @@ def measured_in_search(tuned):
 
 
 def ratios(rows: list[dict]) -> list[str]:
-    """project-default and tuned / vllm-default output tok/s per level, per model and
+    """Every other setting / vllm-default output tok/s per level, per model and
     utilization."""
     lines = []
     by = {
         (r["model"], r["gpu_memory_utilization"], r["settings"]): r for r in rows if r.get("load")
     }
     for (model, util, setting), row in by.items():
-        if setting not in ("project-default", "tuned") or (model, util, "vllm-default") not in by:
+        if setting in ("vllm-default", "start-only") or (model, util, "vllm-default") not in by:
             continue
         base = {lv["concurrency"]: lv for lv in by[(model, util, "vllm-default")]["load"]}
         for lv in row["load"]:

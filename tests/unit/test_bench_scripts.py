@@ -292,3 +292,26 @@ def test_the_replay_bench_needs_an_exhaustive_run(monkeypatch, tmp_path):
     path.write_text(json.dumps({"runs": {"coordinate": {}}}))
     with pytest.raises(SystemExit, match="--strategies exhaustive"):
         bench.main([str(path)])
+
+
+def test_the_moe_sibling_setting_borrows_the_other_hoppers_shipped_tile_config(
+    monkeypatch, tmp_path
+):
+    """The installed vLLM ships E=128,N=768 (the Qwen3-30B-A3B shape at one GPU) for the H200
+    and not for the H100: an H100 gets the H200's under its own name; an H200 has its own."""
+    bench = _load("gpu_batch_default", monkeypatch)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(
+        json.dumps({"num_experts": 128, "moe_intermediate_size": 768})
+    )
+    folder, note = bench.moe_sibling_folder(model, tmp_path, "NVIDIA_H100_80GB_HBM3")
+    borrowed = json.loads(
+        (folder / "E=128,N=768,device_name=NVIDIA_H100_80GB_HBM3.json").read_text()
+    )
+    assert "1" in borrowed and "BLOCK_SIZE_M" in borrowed["1"]
+    assert note.startswith("E=128,N=768,device_name=NVIDIA_H200.json as ")
+    with pytest.raises(ValueError, match="ships E=128,N=768,device_name=NVIDIA_H200.json"):
+        bench.moe_sibling_folder(model, tmp_path, "NVIDIA_H200_NVL")
+    with pytest.raises(ValueError, match="no Hopper sibling"):
+        bench.moe_sibling_folder(model, tmp_path, "NVIDIA_L40S")
