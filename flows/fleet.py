@@ -35,6 +35,7 @@ from tabulate import tabulate
 
 from llm_release.errors import ConfigError, ReleaseError
 from llm_release.fleet import (
+    GPU_NAME,
     POOL,
     QUEUE_PREFIX,
     VARIABLE_PREFIX,
@@ -45,10 +46,12 @@ from llm_release.fleet import (
 )
 
 
-def read_card(name: str, gpus: int | None, gpu_memory_gib: float | None) -> HostCard:
+def read_card(
+    name: str, gpus: int | None, gpu_memory_gib: float | None, gpu_name: str = ""
+) -> HostCard:
     """This host's card: its GPUs as the planner reads them, or as stated (``gpus`` GPUs of
-    ``gpu_memory_gib`` each, for a host being prepared, or one whose nvidia-smi is not
-    the one its servers will see)."""
+    ``gpu_memory_gib`` each, named ``gpu_name``, for a host being prepared, or one whose
+    nvidia-smi is not the one its servers will see)."""
     checked_name(name)
     now = datetime.now(UTC)
     if gpus is not None or gpu_memory_gib is not None:
@@ -57,12 +60,27 @@ def read_card(name: str, gpus: int | None, gpu_memory_gib: float | None) -> Host
                 "--gpus and --gpu-memory-gib go together: a count and each GPU's memory",
                 hint="e.g. --gpus 8 --gpu-memory-gib 80 (or neither: read with nvidia-smi)",
             )
-        cards = [GpuCard(index=i, memory_gib=gpu_memory_gib) for i in range(gpus)]
+        if not GPU_NAME.fullmatch(gpu_name):
+            raise ConfigError(
+                f"--gpu-name {ascii(gpu_name[:60])} is not a GPU's name",
+                hint="printable ASCII, at most 100 characters, as CUDA gives it: e.g. "
+                "'NVIDIA A100-SXM4-80GB'",
+            )
+        cards = [GpuCard(index=i, memory_gib=gpu_memory_gib, name=gpu_name) for i in range(gpus)]
         return HostCard(name=name, gpus=cards, source="stated", declared_at=now)
     from llm_release.hardware import gpu_memory_gib as memory_of
+    from llm_release.hardware import gpu_names
     from llm_release.serving.gpus import host_gpus
 
-    cards = [GpuCard(index=i, memory_gib=round(memory_of(i) or 0, 2)) for i in host_gpus()]
+    names = gpu_names()
+    cards = [
+        GpuCard(
+            index=i,
+            memory_gib=round(memory_of(i) or 0, 2),
+            name=names[i] if i < len(names) and GPU_NAME.fullmatch(names[i]) else "",
+        )
+        for i in host_gpus()
+    ]
     return HostCard(
         name=name, gpus=[c for c in cards if c.memory_gib > 0], source="nvidia-smi", declared_at=now
     )
@@ -158,13 +176,19 @@ def main(argv: list[str] | None = None) -> int:
     joining.add_argument("name", help="the host's name: its queue is host-NAME")
     joining.add_argument("--gpus", type=int, help="GPUs stated (else read with nvidia-smi)")
     joining.add_argument("--gpu-memory-gib", type=float, help="each stated GPU's memory")
+    joining.add_argument(
+        "--gpu-name",
+        default="",
+        help="each stated GPU's name as CUDA gives it, e.g. 'NVIDIA A100-SXM4-80GB' (vLLM "
+        "gives an A100 smaller batch defaults)",
+    )
     listing = sub.add_parser("list", help="the fleet: hosts, GPUs, workers")
     listing.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
     try:
         if args.command == "join":
-            card = read_card(args.name, args.gpus, args.gpu_memory_gib)
+            card = read_card(args.name, args.gpus, args.gpu_memory_gib, args.gpu_name)
             from tasks.slots import limit_name
 
             queue, slots = join(card)

@@ -22,6 +22,7 @@ QUEUE_PREFIX = "host-"
 VARIABLE_PREFIX = "llm_release_host_"
 # A host's name: a queue, a worker and a Prefect variable are named after it.
 HOST_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+GPU_NAME = re.compile(r"[ -~]{0,100}")  # printable ASCII, as CUDA names its devices
 MAX_GPUS = 1024
 
 
@@ -30,6 +31,12 @@ class GpuCard(BaseModel):
 
     index: int = Field(ge=0, lt=MAX_GPUS)
     memory_gib: float = Field(gt=0, le=4096)
+    name: str = Field(
+        "",
+        pattern=f"^{GPU_NAME.pattern}$",
+        description="the GPU's name as CUDA gives it ('' where stated without one): vLLM "
+        "gives an A100 smaller batch defaults than other GPUs of its memory",
+    )
 
 
 class HostCard(BaseModel):

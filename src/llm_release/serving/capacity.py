@@ -121,7 +121,7 @@ def plan_release(
 
 def card_host(card: HostCard, like: Hardware) -> Hardware:
     """The host a card declares, as the planner reads a host (``like``'s CPU)."""
-    return like.model_copy(update={"gpus": [f"GPU {g.index}" for g in card.gpus]})
+    return like.model_copy(update={"gpus": [g.name or f"GPU {g.index}" for g in card.gpus]})
 
 
 def card_figures(card: HostCard) -> str:

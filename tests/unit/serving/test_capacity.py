@@ -284,14 +284,14 @@ def test_the_fit_on_a_gpu_is_judged_for_the_batch_the_server_will_get(h200_memor
 # ---------------------------------------------------------------- a fleet's cards (issue 37)
 
 
-def _card(name: str, gpus: int, gib: float):
+def _card(name: str, gpus: int, gib: float, gpu_name: str = ""):
     from datetime import UTC, datetime
 
     from llm_release.fleet import GpuCard, HostCard
 
     return HostCard(
         name=name,
-        gpus=[GpuCard(index=i, memory_gib=gib) for i in range(gpus)],
+        gpus=[GpuCard(index=i, memory_gib=gib, name=gpu_name) for i in range(gpus)],
         source="stated",
         declared_at=datetime.now(UTC),
     )
@@ -364,3 +364,32 @@ def test_vllms_own_step_budget_for_a_server_on_this_host(monkeypatch, gpus, tp, 
     host = CPU.model_copy(update={"gpus": gpus})
     serving = ServingConfig(tensor_parallel_size=tp)
     assert default_batched_tokens(serving, host) == tokens
+
+
+def test_a_cards_gpu_name_reaches_its_plan(h200_memory):
+    """A host of A100s of 80 GB is planned with vLLM's A100 budget (2,048 tokens a step, less
+    activation memory) where an H100 of the same memory gets 8,192; a card stated without a
+    name is planned as the larger default."""
+    from llm_release.serving.capacity import card_host, plan_for
+
+    files = ModelFiles(source="hub", config=_big(), tensors=_weights_of(20), shards=[])
+    plans = {
+        gpu_name: plan_for(
+            _auto(tp=1), card_host(_card("h", 1, 79.2, gpu_name), _gpus(1)), files, 79.2
+        )
+        for gpu_name in ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "")
+    }
+    a100, h100, unnamed = (plans[n] for n in plans)
+    assert a100.request.gpu_name == "NVIDIA A100-SXM4-80GB"
+    assert a100.options[0].overhead_per_gpu_bytes < h100.options[0].overhead_per_gpu_bytes
+    assert unnamed.options == h100.options
+
+
+@pytest.mark.parametrize("bad", ["NVIDIA\nA100", "x" * 101, "GPU\x1b[31m"])
+def test_a_cards_gpu_name_is_printable_and_short(bad):
+    from pydantic import ValidationError
+
+    from llm_release.fleet import GpuCard
+
+    with pytest.raises(ValidationError):
+        GpuCard(index=0, memory_gib=80, name=bad)
