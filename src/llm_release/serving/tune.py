@@ -156,14 +156,20 @@ def static_problem(setting: Setting) -> str | None:
 def representative(setting: Setting, top: int, step_tokens: int, grid: Grid) -> Setting:
     """The setting every equivalent one is measured as under at most ``top`` concurrent
     requests of ``step_tokens`` tokens (prompt + output): the smallest grid value that is
-    not a limit, for max_num_seqs and max_num_batched_tokens."""
+    not a limit, for max_num_seqs and max_num_batched_tokens; vLLM's default budget (None)
+    is the grid's explicit value of the same size, where there is one."""
     seqs = [v for v in grid.values("max_num_seqs") if v >= top]
     update: dict = {}
     if setting.max_num_seqs >= top and seqs:
         update["max_num_seqs"] = seqs[0]
     enough = top * step_tokens
-    batched = [v for v in grid.values("max_num_batched_tokens") if v is not None and v >= enough]
+    explicit = [v for v in grid.values("max_num_batched_tokens") if v is not None]
+    batched = [v for v in explicit if v >= enough]
     b = setting.max_num_batched_tokens
+    if b is None and grid.default_batched_tokens in explicit:
+        b = update["max_num_batched_tokens"] = grid.default_batched_tokens  # one server
+    if b is None:
+        b = grid.default_batched_tokens
     if b is not None and b >= enough and batched:
         update["max_num_batched_tokens"] = batched[0]
     return setting.model_copy(update=update)

@@ -190,6 +190,26 @@ def test_vllms_default_budget_sorts_where_vllms_own_value_is():
     assert on_h100.neighbour(start, "max_num_batched_tokens", -1).max_num_batched_tokens == 8192
 
 
+def test_vllms_default_budget_and_the_same_budget_stated_are_one_server():
+    """On an H100 vLLM's default budget is 8,192: a grid holding both None and 8,192 starts
+    one server for the two; a budget every level fits in is measured as the smallest such."""
+    from llm_release.serving.tune import representative
+
+    grid = Grid(
+        max_num_seqs=[8], max_num_batched_tokens=[None, 8192, 16384], default_batched_tokens=8192
+    )
+    unset = Setting(max_num_seqs=8, max_num_batched_tokens=None)
+    assert representative(unset, 4, 100, grid).max_num_batched_tokens == 8192
+    # 8 streams of 2,000 tokens: 16,000 fit in 16,384, not in 8,192
+    assert representative(unset, 8, 2000, grid).max_num_batched_tokens == 8192
+    # 4 streams of 1,000 tokens: every budget holds them, the smallest is measured
+    small = Grid(max_num_seqs=[8], max_num_batched_tokens=[None, 4096], default_batched_tokens=8192)
+    assert representative(unset, 4, 1000, small).max_num_batched_tokens == 4096
+    # vLLM's default unknown: None is its own server
+    unknown = grid.model_copy(update={"default_batched_tokens": None})
+    assert representative(unset, 4, 100, unknown).max_num_batched_tokens is None
+
+
 SEEDS_SLO = Slo(ttft_p95_ms=1000, itl_p95_ms=10, max_error_rate=0.01)
 GRID_3X3 = Grid(max_num_seqs=[64, 128, 1024], max_num_batched_tokens=[1024, 2048, None])
 
