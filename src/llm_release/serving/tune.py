@@ -166,10 +166,10 @@ def representative(setting: Setting, top: int, step_tokens: int, grid: Grid) -> 
     explicit = [v for v in grid.values("max_num_batched_tokens") if v is not None]
     batched = [v for v in explicit if v >= enough]
     b = setting.max_num_batched_tokens
-    if b is None and grid.default_batched_tokens in explicit:
-        b = update["max_num_batched_tokens"] = grid.default_batched_tokens  # one server
     if b is None:
         b = grid.default_batched_tokens
+        if b in explicit:  # vLLM's default and the same value stated: one server
+            update["max_num_batched_tokens"] = b
     if b is not None and b >= enough and batched:
         update["max_num_batched_tokens"] = batched[0]
     return setting.model_copy(update=update)
